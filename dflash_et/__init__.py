@@ -1,0 +1,1 @@
+"""dflash-et: build, validate and benchmark DFlash speculative decoding as ExecuTorch programs."""

@@ -1,0 +1,130 @@
+"""The built-in tiny model pair: a Qwen3-architecture target and a z-lab-layout DFlash draft.
+
+Model hubs are not always reachable (CI, air-gapped build hosts), yet every stage must run
+end to end. So the project writes its own pair, deterministically (fixed seeds, fixed
+corpus), in exactly the file layout of the real checkpoints (`Qwen/Qwen3-4B`,
+`z-lab/Qwen3-4B-DFlash-b16`): downstream code then has a single path for both.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from dflash_et.corpus import samples
+
+SEED = 0
+VOCAB_SIZE = 2048  # embedding rows; like Qwen3, more than the tokenizer has
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+THINK, END_THINK, MASK = "<think>", "</think>", "<|mask|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, THINK, END_THINK, MASK]
+
+# Qwen3's template, reduced to what a chat needs: roles, a generation prompt, and the
+# empty think block that `enable_thinking=False` inserts.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+TARGET_SHAPE = dict(
+    hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-6,
+)
+DRAFT_LAYERS = 2
+DRAFT_BLOCK_SIZE = 16
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default choice of target layers to tap: spread evenly over layers 1..N-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE (like Qwen's) trained on the project's corpus, so any text round-trips."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = [f"{prompt}\n{answer}" for _, prompt, answer in samples(3000, seed=SEED)]
+    tok.train_from_iterator(text, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT, chat_template=CHAT_TEMPLATE,
+        model_max_length=TARGET_SHAPE["max_position_embeddings"],
+    )
+
+
+def write_target(out: Path) -> None:
+    """Write the built-in target: config, generation config, safetensors and tokenizer."""
+    tokenizer = build_tokenizer()
+    eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        bos_token_id=eos[1], eos_token_id=eos[0], dtype="float32", **TARGET_SHAPE,
+    )
+    torch.manual_seed(SEED)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=eos[1], eos_token_id=eos, pad_token_id=eos[1])
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def write_draft(out: Path, target_dir: Path) -> None:
+    """Write the built-in draft in z-lab's layout for the target in `target_dir`."""
+    target = json.loads((target_dir / "config.json").read_text())
+    mask_id = PreTrainedTokenizerFast.from_pretrained(target_dir).convert_tokens_to_ids(MASK)
+    layer_ids = default_target_layer_ids(target["num_hidden_layers"], DRAFT_LAYERS)
+    hidden, heads, kv_heads, head_dim, inter = (
+        target[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    )
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "model_type": "qwen3",
+        "block_size": DRAFT_BLOCK_SIZE,
+        "num_target_layers": target["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": layer_ids},
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": DRAFT_LAYERS,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "vocab_size": target["vocab_size"], "rms_norm_eps": target["rms_norm_eps"],
+        "rope_theta": target["rope_parameters"]["rope_theta"], "rope_scaling": None,
+        "max_position_embeddings": target["max_position_embeddings"], "attention_bias": False,
+        "hidden_act": "silu", "tie_word_embeddings": False, "dtype": "float32",
+    }
+    gen = torch.Generator().manual_seed(SEED + 1)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 0.02
+
+    weights = {"fc.weight": normal(hidden, len(layer_ids) * hidden),
+               "hidden_norm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden)}
+    for i in range(DRAFT_LAYERS):
+        p = f"layers.{i}."
+        weights |= {
+            p + "self_attn.q_proj.weight": normal(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": normal(hidden, heads * head_dim),
+            p + "self_attn.q_norm.weight": torch.ones(head_dim),
+            p + "self_attn.k_norm.weight": torch.ones(head_dim),
+            p + "mlp.gate_proj.weight": normal(inter, hidden),
+            p + "mlp.up_proj.weight": normal(inter, hidden),
+            p + "mlp.down_proj.weight": normal(hidden, inter),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})

@@ -1,0 +1,171 @@
+"""Getting a checkpoint into `artifacts/weights/<role>/`, and refusing ones that cannot work.
+
+A source is `builtin` (the project's tiny pair), a local directory, or a Hugging Face repo id
+with an optional `@revision`. Whatever the source, the result is the same Hugging Face file
+layout, written to a temporary directory and renamed into place only once it has passed
+every check, so a failed fetch leaves nothing behind.
+"""
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from dflash_et import builtin
+from dflash_et.model import (DRAFT_BORROWED, CheckpointError, build_draft, build_target, draft_settings,
+                             load_config, target_state_dict, weight_files, ModelArgs)
+
+BUILTIN = "builtin"
+CHECKPOINT_FILES = [
+    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "vocab.json", "merges.txt", "tokenizer.model",
+]
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
+
+
+def fetch(role: str, source: str, out: Path, target_dir: Path | None = None) -> None:
+    """Put the `role` ("target" or "draft") checkpoint named by `source` at `out`, checked.
+
+    A draft is checked against the target already at `target_dir`.
+    """
+    param = f"model.{role}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if source == BUILTIN:
+            builtin.write_target(tmp) if role == "target" else builtin.write_draft(tmp, target_dir)
+        elif _looks_like_path(source):
+            _copy_checkpoint(Path(source).expanduser(), tmp, param)
+        elif HUB_ID.match(source):
+            _download(source, tmp, param)
+        else:
+            raise CheckpointError(
+                f"{param}={source!r} is neither '{BUILTIN}', an existing directory, nor a hub id like "
+                "'Qwen/Qwen3-4B[@revision]'"
+            )
+        check_target(tmp, source) if role == "target" else check_pair(target_dir, tmp, source)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~")) or os.path.isdir(source)
+
+
+def _copy_checkpoint(src: Path, dst: Path, param: str) -> None:
+    """Copy (not link: DVC makes its cached files read-only) the checkpoint files of a local directory."""
+    if not src.is_dir():
+        raise CheckpointError(f"{param}: {src} is not a directory; give a checkpoint directory, a hub id or '{BUILTIN}'")
+    for pattern in CHECKPOINT_FILES:
+        for f in src.glob(pattern):
+            shutil.copy2(f, dst / f.name)
+
+
+def _download(source: str, dst: Path, param: str) -> None:
+    """snapshot_download into the Hugging Face cache (HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply), then copy out."""
+    from huggingface_hub import snapshot_download
+
+    repo_id, _, revision = source.partition("@")
+    try:
+        snapshot = snapshot_download(repo_id, revision=revision or None, allow_patterns=CHECKPOINT_FILES)
+    except Exception as e:  # noqa: BLE001  network boundary: HTTP, proxy, offline, gated, not found
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{param}: cannot download {source!r} from the Hugging Face hub ({type(e).__name__}: {reason}). "
+            f"Set {param} to a local checkpoint directory or to '{BUILTIN}'"
+        ) from None
+    _copy_checkpoint(Path(snapshot), dst, param)
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+
+def _header_shapes(ckpt: Path, name: str) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every tensor, from the safetensors headers alone (no weights read)."""
+    files = weight_files(ckpt)
+    if not files:
+        raise CheckpointError(f"{name}: no .safetensors weights")
+    shapes = {}
+    for f in files:
+        if not f.exists():
+            raise CheckpointError(f"{name}: shard {f.name} listed in the index is missing")
+        try:
+            with safe_open(f, "pt") as st:
+                shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+        except SafetensorError as e:
+            raise CheckpointError(f"{name}/{f.name}: unreadable safetensors ({e}); the file is truncated or corrupt, fetch it again") from None
+    return shapes
+
+
+def _config(ckpt: Path, name: str):
+    if not (ckpt / "config.json").is_file():
+        raise CheckpointError(f"{name}: no config.json, so it is not a Hugging Face checkpoint directory")
+    try:
+        return load_config(ckpt)
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{name}/config.json: cannot be read as a model config ({e})") from None
+
+
+def _compare(name: str, module: torch.nn.Module, actual: dict[str, tuple[int, ...]], optional=()) -> None:
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    missing = sorted(set(expected) - set(actual) - set(optional))
+    unexpected = sorted(set(actual) - set(expected))
+    wrong = [f"{k} {list(actual[k])} != {list(expected[k])}" for k in sorted(set(expected) & set(actual))
+             if expected[k] != actual[k]]
+    problems = [f"{label}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
+                for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if items]
+    if problems:
+        raise CheckpointError(f"{name}: weights do not match its config.json ({'; '.join(problems)})")
+
+
+def check_target(ckpt: Path, name: str | None = None) -> None:
+    """A usable target: supported architecture, tokenizer, weights that match the config.
+
+    `name` is how the user knows the checkpoint (its source), used in messages instead of `ckpt`.
+    """
+    name = f"target {name or ckpt}"
+    config = _config(ckpt, name)
+    if not ((ckpt / "tokenizer.json").exists() or (ckpt / "tokenizer.model").exists()):
+        raise CheckpointError(f"{name}: no tokenizer.json or tokenizer.model")
+    with torch.device("meta"):
+        model = build_target(config, [], 1)
+    shapes = target_state_dict(_header_shapes(ckpt, name))
+    _compare(name, model, shapes, ("lm_head.weight",) if model.args.tie_word_embeddings else ())
+
+
+def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> None:
+    """A usable draft for this target: z-lab layout, and every dimension it shares with the target agrees."""
+    name = f"draft {name or draft_dir}"
+    draft, target = _config(draft_dir, name), _config(target_dir, f"target {target_dir}")
+    if "DFlashDraftModel" not in (getattr(draft, "architectures", None) or []):
+        raise CheckpointError(f"{name}: config.json architectures is not ['DFlashDraftModel']")
+    settings = draft_settings(draft)
+    t = ModelArgs.from_config(target)
+    shapes = _header_shapes(draft_dir, name)
+    mismatches = []
+    if draft.hidden_size != t.hidden_size:
+        mismatches.append(f"draft hidden_size {draft.hidden_size} != target hidden_size {t.hidden_size}")
+    bad_ids = [i for i in settings.target_layer_ids if not 0 <= i < t.num_layers]
+    if bad_ids:
+        mismatches.append(f"target_layer_ids {bad_ids} outside the target's {t.num_layers} layers")
+    if not 0 <= settings.mask_token_id < t.vocab_size:
+        mismatches.append(f"mask_token_id {settings.mask_token_id} outside the target vocab_size {t.vocab_size}")
+    if getattr(draft, "num_target_layers", t.num_layers) != t.num_layers:
+        mismatches.append(f"num_target_layers {draft.num_target_layers} != target num_hidden_layers {t.num_layers}")
+    fc = shapes.get("fc.weight")
+    if fc is not None and fc[1] != len(settings.target_layer_ids) * t.hidden_size:
+        mismatches.append(f"fc.weight input {fc[1]} != {len(settings.target_layer_ids)} target_layer_ids x "
+                          f"target hidden_size {t.hidden_size}")
+    if mismatches:
+        raise CheckpointError(f"{name} does not fit target {target_dir}: {'; '.join(mismatches)}")
+    with torch.device("meta"):
+        model = build_draft(draft, t, 1)
+    _compare(name, model, shapes, DRAFT_BORROWED)

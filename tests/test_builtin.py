@@ -1,0 +1,70 @@
+"""The built-in pair: deterministic, loadable by transformers, and in z-lab's draft layout."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+from dflash_et import builtin
+
+
+def files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_same_bytes_twice(pair, tmp_path):
+    target, draft = pair
+    builtin.write_target(tmp_path / "t")
+    builtin.write_draft(tmp_path / "d", tmp_path / "t")
+    assert files(tmp_path / "t") == files(target)
+    assert files(tmp_path / "d") == files(draft)
+
+
+def test_target_loads_with_transformers(pair):
+    target, _ = pair
+    config = AutoConfig.from_pretrained(target)
+    assert config.model_type == "qwen3" and not config.tie_word_embeddings
+    assert config.num_key_value_heads < config.num_attention_heads  # GQA, like Qwen3-4B
+    assert config.head_dim * config.num_attention_heads != config.hidden_size
+    model = AutoModelForCausalLM.from_pretrained(target)
+    assert "q_norm" in dict(model.named_modules())["model.layers.0.self_attn"]._modules
+    eos = json.loads((target / "generation_config.json").read_text())["eos_token_id"]
+    tok = AutoTokenizer.from_pretrained(target)
+    assert tok.convert_tokens_to_ids("<|im_end|>") in eos
+
+
+def test_tokenizer_round_trips_and_has_chat_template(pair):
+    tok = AutoTokenizer.from_pretrained(pair[0])
+    text = "Ada has 12 apples and buys 7 more. ünïcode ✓ def f(x):\n    return x"
+    assert tok.decode(tok.encode(text)) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True, enable_thinking=False)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_draft_matches_zlab_layout(pair):
+    """Same keys and shapes as z-lab's own DFlashDraftModel built from the draft's config."""
+    from dflash import DFlashDraftModel
+
+    target, draft = pair
+    config = json.loads((draft / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert {"mask_token_id", "target_layer_ids"} <= set(config["dflash_config"])
+    tok = AutoTokenizer.from_pretrained(target)
+    assert tok.convert_ids_to_tokens(config["dflash_config"]["mask_token_id"]) == "<|mask|>"
+    with torch.device("meta"):
+        zlab = DFlashDraftModel(Qwen3Config.from_pretrained(draft))
+    expected = {k: tuple(v.shape) for k, v in zlab.state_dict().items()}
+    with safe_open(draft / "model.safetensors", "pt") as f:
+        ours = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert ours == expected
+    assert "embed_tokens.weight" not in ours and "lm_head.weight" not in ours
+
+
+def test_default_layer_ids_match_zlab():
+    from dflash.model import build_target_layer_ids
+
+    for n, l in [(36, 5), (28, 5), (6, 2), (32, 1), (40, 8)]:
+        assert builtin.default_target_layer_ids(n, l) == build_target_layer_ids(n, l)

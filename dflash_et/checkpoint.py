@@ -16,8 +16,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from dflash_et import builtin
-from dflash_et.model import (DRAFT_BORROWED, CheckpointError, build_draft, build_target, draft_settings,
-                             load_config, target_state_dict, weight_files, ModelArgs)
+from dflash_et.model import (DRAFT_BORROWED, CheckpointError, Draft, DraftSettings, ModelArgs, Target, build_draft,
+                             build_target, draft_settings, load_config, load_draft, load_target, target_state_dict,
+                             weight_files)
 
 BUILTIN = "builtin"
 CHECKPOINT_FILES = [
@@ -169,3 +170,12 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
     with torch.device("meta"):
         model = build_draft(draft, t, 1)
     _compare(name, model, shapes, DRAFT_BORROWED)
+
+
+def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int) -> tuple[Target, Draft, DraftSettings]:
+    """Both eager models of a checked pair, the target tapping the layers the draft reads."""
+    check_target(target_dir)
+    check_pair(target_dir, draft_dir)
+    settings = draft_settings(load_config(draft_dir))
+    target = load_target(target_dir, settings.target_layer_ids, max_seq_len)
+    return target, load_draft(draft_dir, target), settings

@@ -315,10 +315,3 @@ def load_draft(draft_dir: Path, target: Target) -> Draft:
     model.embed_tokens.weight = target.embed_tokens.weight
     model.lm_head.weight = target.lm_head.weight
     return model.eval()
-
-
-def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int) -> tuple[Target, Draft, DraftSettings]:
-    """Both models of a DFlash pair, the target tapping the layers the draft was trained on."""
-    settings = draft_settings(load_config(draft_dir))
-    target = load_target(target_dir, settings.target_layer_ids, max_seq_len)
-    return target, load_draft(draft_dir, target), settings

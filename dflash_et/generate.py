@@ -1,0 +1,149 @@
+"""Greedy decoding, plain and DFlash, over any target/draft callables.
+
+The loops take the models as callables with the programs' signatures, so the very same code
+drives the eager PyTorch modules (the reference) and the ExecuTorch programs (the product):
+
+    target(tokens [1,T], input_pos [T]) -> (logits [1,T,V], taps [1,T,k*H])
+    draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]
+
+A DFlash round: the draft proposes B-1 tokens after `last`; the target verifies
+`[last] + proposals` in one call; the longest prefix of proposals that matches the target's
+own argmax is accepted, plus the target's next ("bonus") token. Rejected positions need no
+undo: the next target call simply writes its K/V over them. The draft is fed only the taps
+of tokens it has not seen yet, so its context cache grows across rounds.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+TargetFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Round:
+    """One decode step: a DFlash round, or one plain token (proposed = 0)."""
+
+    proposed: int
+    accepted: int
+    emitted: int
+    draft_s: float
+    verify_s: float
+    total_s: float
+
+    @property
+    def host_s(self) -> float:
+        return self.total_s - self.draft_s - self.verify_s
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    prefill_s: float
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per round, bonus included (1.0 for plain decoding)."""
+        return sum(r.emitted for r in self.rounds) / max(len(self.rounds), 1)
+
+    @property
+    def decode_s(self) -> float:
+        return sum(r.total_s for r in self.rounds)
+
+
+def _positions(start: int, length: int) -> torch.Tensor:
+    return torch.arange(start, start + length, dtype=torch.long)
+
+
+def _check_prompt(prompt: list[int], max_seq_len: int, max_new_tokens: int) -> None:
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one token")
+    if len(prompt) > max_seq_len:
+        raise ValueError(f"the prompt has {len(prompt)} tokens but max_seq_len is {max_seq_len}; "
+                         "shorten the prompt or export with a larger export.max_seq_len")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+
+
+def prefill(target: TargetFn, prompt: list[int], chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the prompt in chunks of at most `chunk` tokens: (last position's logits [V], all taps [1,P,k*H])."""
+    taps = []
+    for i in range(0, len(prompt), chunk):
+        piece = prompt[i:i + chunk]
+        logits, hidden = target(torch.tensor([piece]), _positions(i, len(piece)))
+        taps.append(hidden)
+    return logits[0, -1], torch.cat(taps, dim=1)
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[:i + 1], True
+    return tokens, False
+
+
+def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_ids: set[int],
+                max_seq_len: int, prefill_chunk: int) -> Generation:
+    """Plain greedy decoding, one target call per token: the baseline and the ground truth."""
+    _check_prompt(prompt, max_seq_len, max_new_tokens)
+    t0 = time.perf_counter()
+    logits, _ = prefill(target, prompt, prefill_chunk)
+    out = Generation([int(logits.argmax())], time.perf_counter() - t0)
+    pos = len(prompt)  # position of out.tokens[-1], not yet written to the cache
+    while len(out.tokens) < max_new_tokens and out.tokens[-1] not in eos_ids and pos < max_seq_len:
+        t0 = time.perf_counter()
+        logits, _ = target(torch.tensor([[out.tokens[-1]]]), _positions(pos, 1))
+        t1 = time.perf_counter()
+        out.tokens.append(int(logits[0, -1].argmax()))
+        pos += 1
+        out.rounds.append(Round(0, 0, 1, 0.0, t1 - t0, time.perf_counter() - t0))
+    return out
+
+
+def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new_tokens: int,
+                    eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
+                    mask_token_id: int) -> Generation:
+    """Greedy DFlash decoding; emits exactly the tokens `generate_ar` would.
+
+    Each round's block is clamped so that it never writes past `max_seq_len` nor emits more
+    than `max_new_tokens`; a block of one is a plain target step (the draft is skipped and its
+    unseen context carried to the next round).
+    """
+    _check_prompt(prompt, max_seq_len, max_new_tokens)
+    if block_size < 2:
+        raise ValueError(f"block_size must be at least 2 (one anchor + one proposal), got {block_size}")
+    t0 = time.perf_counter()
+    logits, taps = prefill(target, prompt, prefill_chunk)
+    out = Generation([int(logits.argmax())], time.perf_counter() - t0)
+    pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
+    unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
+    done = out.tokens[-1] in eos_ids
+    while not done:
+        b = min(block_size, max_new_tokens - len(out.tokens), max_seq_len - pos)
+        if b < 1:
+            break
+        t0 = time.perf_counter()
+        last, proposals = out.tokens[-1], []
+        if b >= 2:
+            hidden = torch.cat(unseen, dim=1)
+            draft_logits = draft(torch.tensor([[last] + [mask_token_id] * (b - 1)]), hidden,
+                                 _positions(unseen_start, hidden.shape[1]))
+            proposals = draft_logits[0].argmax(-1).tolist()
+            unseen, unseen_start = [], pos
+        t1 = time.perf_counter()
+        logits, taps = target(torch.tensor([[last] + proposals]), _positions(pos, b))
+        t2 = time.perf_counter()
+        verified = logits[0].argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(proposals) and proposals[accepted] == verified[accepted]:
+            accepted += 1
+        new, done = _cut_at_eos(proposals[:accepted] + [verified[accepted]], eos_ids)
+        out.tokens += new
+        unseen.append(taps[:, :accepted + 1])  # taps of `last` and the accepted proposals
+        pos += accepted + 1
+        out.rounds.append(Round(len(proposals), accepted, len(new), t1 - t0, t2 - t1, time.perf_counter() - t0))
+    return out

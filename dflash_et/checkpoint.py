@@ -9,13 +9,13 @@ every check, so a failed fetch leaves nothing behind.
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from dflash_et import builtin
+from dflash_et.files import staged_dir
 from dflash_et.model import (DRAFT_BORROWED, CheckpointError, Draft, DraftSettings, ModelArgs, Target, build_draft,
                              build_target, draft_settings, load_config, load_draft, load_target, target_state_dict,
                              weight_files)
@@ -35,9 +35,7 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None) -> 
     A draft is checked against the target already at `target_dir`.
     """
     param = f"model.{role}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         if source == BUILTIN:
             builtin.write_target(tmp) if role == "target" else builtin.write_draft(tmp, target_dir)
         elif _looks_like_path(source):
@@ -50,11 +48,6 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None) -> 
                 "'Qwen/Qwen3-4B[@revision]'"
             )
         check_target(tmp, source) if role == "target" else check_pair(target_dir, tmp, source)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _looks_like_path(source: str) -> bool:

@@ -1,4 +1,4 @@
-"""What every stage command shares: reading params.yaml and turning known failures into one line."""
+"""What every stage command shares: paths, params.yaml, and turning known failures into one line."""
 
 import sys
 from collections.abc import Callable
@@ -10,6 +10,9 @@ from dflash_et.model import CheckpointError
 
 PARAMS = Path("params.yaml")
 WEIGHTS = Path("artifacts/weights")
+BUILD = Path("artifacts/build")
+PROGRAMS = Path("artifacts/programs")
+REPORTS = Path("artifacts/reports")
 
 
 def params() -> dict:
@@ -20,5 +23,5 @@ def run(main: Callable[[], None]) -> None:
     """Run a stage; a user error becomes `error: ...` on stderr and exit status 1, not a traceback."""
     try:
         main()
-    except CheckpointError as e:
+    except (CheckpointError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -1,0 +1,257 @@
+"""Lowering the eager target and draft to ExecuTorch programs.
+
+Each program carries its own metadata as constant methods (`get_max_seq_len`, ...), so a
+runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(prefill chunk,
+max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps.
+"""
+
+import hashlib
+import os
+import shutil
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch.export import Dim, export
+
+from dflash_et.model import CheckpointError, Draft, Target, load_config, weight_files
+
+BACKENDS = ("xnnpack", "portable", "mlx")
+QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
+DTYPES = {"fp32": torch.float32}
+PROGRAM_KINDS = ("target", "draft")
+WEIGHTS_TAG = "weights"  # with export.shared_weights, each program's weights go to <kind>.ptd
+
+
+class ExportError(CheckpointError):
+    """Export settings that cannot work, said in one line with the fix."""
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """The `export` section of params.yaml."""
+
+    backend: str = "xnnpack"
+    dtype: str = "fp32"
+    quantize: str = "none"
+    group_size: int = 32
+    max_seq_len: int = 1024
+    prefill_chunk: int = 64
+    max_block_size: int | None = None
+    shared_weights: bool = False
+
+    @classmethod
+    def from_params(cls, params: dict) -> "ExportConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ExportError(f"unknown export params {unknown}; known: {sorted(known)}")
+        config = cls(**params)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ExportError(f"export.backend={self.backend!r} does not exist; use one of {', '.join(BACKENDS)}")
+        if self.quantize not in QUANTIZE:
+            hint = (" (torchao's weight-only configs lower to XNNPACK but compute wrong outputs)"
+                    if "w" in self.quantize and "da" not in self.quantize else "")
+            raise ExportError(f"export.quantize={self.quantize!r} is not supported{hint}; "
+                              f"use one of {', '.join(QUANTIZE)}")
+        if self.quantize != "none" and self.backend != "xnnpack":
+            raise ExportError(f"export.quantize={self.quantize} needs the xnnpack backend (its int8 dynamic-"
+                              f"activation kernels); {self.backend} cannot run it: set export.quantize=none")
+        if self.dtype not in DTYPES:
+            raise ExportError(f"export.dtype={self.dtype!r} is not supported by the {self.backend} programs "
+                              f"here; use one of {', '.join(DTYPES)} (and export.quantize for smaller programs)")
+        if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
+            raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
+
+
+def checkpoint_id(*ckpts: Path) -> int:
+    """A fingerprint of checkpoints' configs and weights, stored in the programs to catch mixed-up files."""
+    h = hashlib.blake2b(digest_size=8)
+    for ckpt in ckpts:
+        h.update((ckpt / "config.json").read_bytes())
+        for f in weight_files(ckpt):
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    h.update(chunk)
+    return int.from_bytes(h.digest(), "little") >> 2  # fits an int64 constant method
+
+
+def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
+    """8-bit dynamic activations with int4/int8 grouped weights on every Linear (torchao, XNNPACK kernels)."""
+    if QUANTIZE[config.quantize] is None:
+        return
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    weight_dtype = QUANTIZE[config.quantize]
+    granularity = PerGroup(config.group_size) if weight_dtype == torch.int4 else PerAxis(0)
+    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=weight_dtype, weight_granularity=granularity))
+
+
+def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
+    """Example arguments and their dynamic dims for `torch.export`."""
+    if isinstance(model, Target):
+        t = Dim("tokens", min=1, max=max(config.prefill_chunk, max_block))
+        args = (torch.zeros(1, 2, dtype=torch.long), torch.arange(2))
+        return args, ({1: t}, {0: t})
+    b = Dim("block", min=2, max=max_block)
+    n = Dim("context", min=1, max=config.max_seq_len - 2)
+    width = model.fc.in_features
+    args = (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, width), torch.arange(2))
+    return args, ({1: b}, {1: n}, {0: n})
+
+
+def _partitioners(backend: str) -> list:
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    return []
+
+
+def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata: dict):
+    """torch.export -> edge (with the backend's partitioner) -> ExecuTorch program manager, and op counts."""
+    from executorch.devtools.backend_debug import get_delegation_info
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+
+    args, dynamic = example_inputs(model, config, max_block)
+    # backed_size_oblivious: the draft slices the block ([:, 1:]) on a dynamic dim that may be 2.
+    with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        program = export(model, args, dynamic_shapes=dynamic, strict=False)
+        if config.shared_weights:  # delegated weights are tagged on the unlifted graph, then re-exported
+            module = program.module()
+            delegate_external_constants_pass_unlifted(module=module, gen_tag_fn=_weight_tag)
+            program = export(module, args, dynamic_shapes=dynamic, strict=False)
+    edge = to_edge_transform_and_lower(
+        program, partitioner=_partitioners(config.backend), constant_methods=metadata,
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    info = get_delegation_info(edge.exported_program().graph_module)
+    ops = {"delegated": info.num_delegated_nodes, "portable": info.num_non_delegated_nodes,
+           "delegate_calls": info.num_delegated_subgraphs}
+    backend_config = ExecutorchBackendConfig(external_constants=_weight_tag if config.shared_weights else False)
+    return edge.to_executorch(backend_config), ops
+
+
+def _weight_tag(node: torch.fx.Node) -> str | None:
+    """Parameters (not caches, not RoPE tables) go to the external data file when weights are shared."""
+    name = str(node.target) if node.op == "get_attr" else node.name
+    return WEIGHTS_TAG if name.startswith("p_") or name.endswith((".weight", ".bias")) else None
+
+
+def metadata(kind: str, model: Target | Draft, config: ExportConfig, ckpt_id: int, max_block: int,
+             eos_ids: list[int], mask_token_id: int) -> dict:
+    """Constant methods: everything a runner must know, inside the program itself."""
+    common = {"get_max_seq_len": config.max_seq_len, "get_vocab_size": model.args.vocab_size,
+              "get_checkpoint_id": ckpt_id, "get_uses_custom_ops": True}
+    if kind == "target":
+        return common | {"get_eos_ids": eos_ids, "get_target_layer_ids": model.layer_ids,
+                         "get_max_chunk": max(config.prefill_chunk, max_block)}
+    return common | {"get_mask_token_id": mask_token_id, "get_max_block_size": max_block,
+                     "get_max_context": config.max_seq_len - 2}
+
+
+def eos_ids(target_dir: Path) -> list[int]:
+    """EOS ids from generation_config.json (falling back to config.json), as a list."""
+    for name in ("generation_config.json", "config.json"):
+        f = target_dir / name
+        if f.exists():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return sorted(set(eos if isinstance(eos, list) else [eos]))
+    return []
+
+
+def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path) -> dict:
+    """Write `<kind>.pte` and `export.json` (a summary) into `out_dir`; returns the summary."""
+    from dflash_et.checkpoint import load_pair
+
+    config.check()
+    t0 = time.perf_counter()
+    target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len)
+    max_block = config.max_block_size or settings.block_size
+    if not 2 <= max_block <= config.max_seq_len - 2:
+        raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
+    model = target if kind == "target" else draft
+    quantize(model, config)
+    meta = metadata(kind, model, config, checkpoint_id(target_dir, draft_dir), max_block, eos_ids(target_dir),
+                    settings.mask_token_id)
+    print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
+    program, ops = lower(model, config, max_block, meta)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pte = out_dir / f"{kind}.pte"
+    with open(pte, "wb") as f:
+        program.write_to_file(f)
+    if config.shared_weights:
+        program.write_tensor_data_to_file(out_dir)
+        (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
+    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "seconds": round(time.perf_counter() - t0, 1),
+               "config": asdict(config), "metadata": meta}
+    (out_dir / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"[export] {kind}.pte {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} portable ops, "
+          f"{summary['seconds']} s", flush=True)
+    return summary
+
+
+def merge_weights(ptds: list[Path], out: Path) -> dict:
+    """Merge the programs' .ptd files into one, storing every named tensor once.
+
+    Delegated weights are keyed by content hash and the rest by module path (the same in both
+    programs), so a key seen twice must hold the same bytes; anything else is a conflict.
+    """
+    from executorch.exir._serialize._cord import Cord
+    from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    serializer = FlatTensorSerializer()
+    buffers: list[bytes] = []
+    named: dict[str, DataEntry] = {}
+    for ptd in ptds:
+        payload = serializer.deserialize(Cord(ptd.read_bytes()))
+        for key, entry in payload.named_data.items():
+            data = bytes(payload.buffers[entry.buffer_index])
+            if key in named:
+                if buffers[named[key].buffer_index] != data:
+                    raise ExportError(f"{ptd}: tensor {key!r} differs from the one already in {ptds[0]}; "
+                                      "the programs cannot share one weights file")
+                continue
+            named[key] = DataEntry(len(buffers), 64, entry.tensor_layout)
+            buffers.append(data)
+    with open(out, "wb") as f:
+        serializer.serialize(DataPayload(buffers=buffers, named_data=named)).write_to_file(f)
+    separate = sum(p.stat().st_size for p in ptds)
+    return {"separate_bytes": separate, "shared_bytes": out.stat().st_size,
+            "bytes_saved": separate - out.stat().st_size, "tensors": len(named)}
+
+
+def package(build_dirs: list[Path], out: Path) -> dict:
+    """Gather the programs into `out`: `<kind>.pte`, `shared.ptd` (merged) when weights are external, export.json."""
+    summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
+    configs = {kind: s["config"] for kind, s in summaries.items()}
+    if len({json.dumps({k: v for k, v in c.items() if k != "prefill_chunk"}, sort_keys=True)
+            for c in configs.values()}) != 1:
+        raise ExportError(f"the programs were exported with different settings {configs}; rerun both exports")
+    for d in build_dirs:
+        _link_or_copy(d / f"{d.name}.pte", out / f"{d.name}.pte")
+    shared = None
+    if configs[build_dirs[0].name]["shared_weights"]:
+        shared = merge_weights([d / f"{d.name}.ptd" for d in build_dirs], out / "shared.ptd")
+    summary = {"config": configs[build_dirs[0].name], "programs": summaries, "shared_weights": shared}
+    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Programs can be GBs: hardlink when the filesystem allows (DVC's cache is read-only anyway)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

@@ -1,0 +1,71 @@
+"""Loading the exported programs with `executorch.runtime` and calling them like the eager models.
+
+`TargetProgram` and `DraftProgram` have the eager models' call signatures, so the decoding
+loops in `generate.py` drive them unchanged. Every limit a runner needs comes from the
+programs' own constant methods.
+"""
+
+from pathlib import Path
+
+import torch
+
+from dflash_et.model import CheckpointError
+
+
+class ProgramError(CheckpointError):
+    """A program file that cannot be loaded or does not belong with the others."""
+
+
+class Program:
+    """One `.pte` (with its `.ptd` when the weights live outside it), its `forward` and metadata."""
+
+    def __init__(self, pte: Path, ptd: Path | None = None):
+        # The programs call llama::update_cache / llama::custom_sdpa: their kernels must be
+        # registered before `load_method`, or loading fails with "Missing operator".
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+        from executorch.runtime import Runtime
+
+        if not pte.is_file():
+            raise ProgramError(f"{pte} does not exist; run `dvc repro` (or `dvc pull`) to build the programs")
+        if ptd is not None and not ptd.is_file():
+            raise ProgramError(f"{ptd} does not exist; {pte.name} keeps its weights there (export.shared_weights)")
+        self.path = pte
+        try:
+            self.program = Runtime.get().load_program(pte, data_path=ptd)
+            self._forward = self.program.load_method("forward")
+        except RuntimeError as e:
+            hint = " (it needs its .ptd weights file)" if ptd is None else ""
+            raise ProgramError(f"{pte}: cannot be loaded by executorch.runtime{hint}: {e}") from None
+        self.meta = {name.removeprefix("get_"): self._constant(name)
+                     for name in sorted(self.program.method_names) if name.startswith("get_")}
+
+    def _constant(self, name: str):
+        values = self.program.load_method(name).execute([])
+        values = [v.item() if isinstance(v, torch.Tensor) else v for v in values]
+        return values[0] if len(values) == 1 and not name.endswith("_ids") else values
+
+    def execute(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        return self._forward.execute(list(args))
+
+
+class TargetProgram(Program):
+    def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = self.execute(tokens, input_pos)
+        return logits, hidden
+
+
+class DraftProgram(Program):
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        return self.execute(tokens, hidden, input_pos)[0]
+
+
+def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
+    """target.pte and draft.pte from `programs_dir` (with shared.ptd when present), checked to be a pair."""
+    ptd = programs_dir / "shared.ptd"
+    ptd = ptd if ptd.exists() else None
+    target = TargetProgram(programs_dir / "target.pte", ptd)
+    draft = DraftProgram(programs_dir / "draft.pte", ptd)
+    if target.meta.get("checkpoint_id") != draft.meta.get("checkpoint_id"):
+        raise ProgramError(f"{target.path} and {draft.path} were exported from different checkpoints; "
+                           "export both from the same pair")
+    return target, draft

@@ -1,0 +1,142 @@
+"""Proving the programs: numerics against the eager models, and lossless DFlash decoding.
+
+Numerics: the same prefill / decode / verify / rollback calls go through each program and its
+eager model (quantized the same way when the export was), and the worst error and argmax
+agreement are kept with the prompt that produced them. Lossless: for every prompt, DFlash
+driven by target.pte + draft.pte must emit exactly the tokens plain greedy decoding of the
+same target.pte emits.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dflash_et.checkpoint import load_pair
+from dflash_et.export import ExportConfig, checkpoint_id, quantize
+from dflash_et.generate import generate_ar, generate_dflash
+from dflash_et.programs import ProgramError, load_programs
+from dflash_et.prompts import builtin_prompts, encode_chat, tokenizer
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """The `validate` section of params.yaml."""
+
+    prompts: int = 4
+    max_new_tokens: int = 32
+    max_rel_err: float = 1e-3          # max |program - eager| / max |eager|, fp32 programs
+    max_rel_err_quantized: float = 0.05  # the same for 8da4w / 8da8w (dynamic activation rounding)
+    min_token_agreement: float = 0.99
+
+
+class Worst:
+    """The largest value seen for a metric, and where."""
+
+    def __init__(self):
+        self.value, self.where = 0.0, None
+
+    def update(self, value: float, where: str) -> None:
+        if value > self.value or self.where is None:
+            self.value, self.where = value, where
+
+
+def call_plan(prompt: list[int], chunk: int, block: int, max_seq_len: int) -> list[tuple[list[int], int]]:
+    """(tokens, start) calls: chunked prefill, one decode step, a verify block, and a rollback into it."""
+    plan = [(prompt[i:i + chunk], i) for i in range(0, len(prompt), chunk)]
+    p = len(prompt)
+    filler = (prompt * (block // len(prompt) + 2))
+    for tokens, start in [(filler[:1], p), (filler[1:block + 1], p + 1), (filler[2:block + 2][::-1], p + 3)]:
+        if start + len(tokens) <= max_seq_len:
+            plan.append((tokens, start))
+    return plan
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    err = (a.float() - b.float()).abs().max().item()
+    return err, err / max(b.abs().max().item(), 1e-12)
+
+
+def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str]) -> dict:
+    """Worst absolute/relative errors of both programs and the target's argmax agreement."""
+    target_p, draft_p = programs
+    target_e, draft_e, settings = eager
+    meta_t, meta_d = target_p.meta, draft_p.meta
+    worst = {k: Worst() for k in ("target_abs", "target_rel", "draft_abs", "draft_rel")}
+    agree = total = 0
+    for ids, label in zip(prompts, labels):
+        for tokens, start in call_plan(ids, meta_t["max_chunk"], meta_d["max_block_size"], meta_t["max_seq_len"]):
+            x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
+            with torch.no_grad():
+                ref_logits, ref_taps = target_e(x, pos)
+            logits, taps = target_p(x, pos)
+            for name, (a, b) in {"logits": (logits, ref_logits), "taps": (taps, ref_taps)}.items():
+                err, rel = _rel(a, b)
+                worst["target_abs"].update(err, f"{label}, target {name} at {start}")
+                worst["target_rel"].update(rel, f"{label}, target {name} at {start}")
+            agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum().item()
+            total += len(tokens)
+            block = min(meta_d["max_block_size"], meta_d["max_seq_len"] - start - len(tokens))
+            if block >= 2:
+                draft_x = torch.tensor([[tokens[-1]] + [settings.mask_token_id] * (block - 1)])
+                with torch.no_grad():
+                    ref = draft_e(draft_x, ref_taps, pos)
+                err, rel = _rel(draft_p(draft_x, ref_taps, pos), ref)
+                worst["draft_abs"].update(err, f"{label}, draft at {start}")
+                worst["draft_rel"].update(rel, f"{label}, draft at {start}")
+    return {"worst": worst, "token_agreement": agree / total}
+
+
+def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
+                   mask_token_id: int) -> tuple[bool, str | None, dict]:
+    """DFlash over the programs vs plain greedy over target.pte, at block 2 and the largest block."""
+    target_p, draft_p = programs
+    max_seq_len, chunk = target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
+    taus: dict[int, list[float]] = {}
+    for ids, label in zip(prompts, labels):
+        reference = generate_ar(target_p, ids, max_new_tokens, eos, max_seq_len, chunk).tokens
+        for block in sorted({2, draft_p.meta["max_block_size"]}):
+            out = generate_dflash(target_p, draft_p, ids, max_new_tokens, eos, max_seq_len, chunk, block, mask_token_id)
+            taus.setdefault(block, []).append(out.tau)
+            if out.tokens != reference:
+                first = next(i for i, (a, b) in enumerate(zip(out.tokens + [-1], reference + [-1])) if a != b)
+                return False, (f"DFlash at block {block} diverges from plain greedy decoding of target.pte "
+                               f"at generated token {first} on {label}"), taus
+    return True, None, taus
+
+
+def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
+    """Run every check; returns the report (with `failures`, empty when all passed)."""
+    programs = load_programs(programs_dir)
+    expected = checkpoint_id(target_dir, draft_dir)
+    if programs[0].meta.get("checkpoint_id") != expected:
+        raise ProgramError(f"{programs_dir} holds programs exported from another checkpoint than {target_dir} + "
+                           f"{draft_dir}; rebuild them (dvc repro) or point validate at the matching weights")
+    export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
+    eager = load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"])
+    quantize(eager[0], export_config)
+    quantize(eager[1], export_config)
+    tok = tokenizer(target_dir)
+    rows = builtin_prompts(config.prompts)
+    prompts = [encode_chat(tok, r["prompt"]) for r in rows]
+    labels = [f"prompt {i} ({r['prompt'][:40]!r})" for i, r in enumerate(rows)]
+
+    numerics = compare_numerics(programs, eager, prompts, labels)
+    lossless, why, taus = check_lossless(programs, prompts, labels, set(programs[0].meta["eos_ids"]),
+                                         config.max_new_tokens, eager[2].mask_token_id)
+    worst = numerics["worst"]
+    limit = config.max_rel_err if export_config.quantize == "none" else config.max_rel_err_quantized
+    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {limit:g} on {worst[f'{name}_rel'].where}"
+                for name in ("target", "draft") if worst[f"{name}_rel"].value > limit]
+    if numerics["token_agreement"] < config.min_token_agreement:
+        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {config.min_token_agreement}")
+    if not lossless:
+        failures.append(why)
+    return {
+        "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,
+        "draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value,
+        "token_agreement": numerics["token_agreement"], "lossless": lossless,
+        "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},
+        "prompts": len(prompts), "rel_err_limit": limit, "failures": failures,
+    }

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.export import Dim, export
 
-from dflash_et.model import CheckpointError, Draft, Target, load_config, weight_files
+from dflash_et.model import Attention, CheckpointError, Draft, Target, weight_files
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
@@ -101,39 +101,72 @@ def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
         t = Dim("tokens", min=1, max=max(config.prefill_chunk, max_block))
         args = (torch.zeros(1, 2, dtype=torch.long), torch.arange(2))
         return args, ({1: t}, {0: t})
-    b = Dim("block", min=2, max=max_block)
+    # The block is the anchor plus 1..max_block-1 proposals: a derived dim, so that the draft's
+    # `x[:, 1:]` has a root size and nothing needs to specialize it.
+    proposals = Dim("proposals", min=1, max=max_block - 1)
+    b = proposals + 1
     n = Dim("context", min=1, max=config.max_seq_len - 2)
     width = model.fc.in_features
     args = (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, width), torch.arange(2))
     return args, ({1: b}, {1: n}, {0: n})
 
 
-def _partitioners(backend: str) -> list:
+def _edge_options(backend: str) -> dict:
+    """Partitioner, passes and edge config of a backend (portable: none, every op on ExecuTorch's CPU kernels)."""
+    from executorch.exir import EdgeCompileConfig
+
     if backend == "xnnpack":
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-        return [XnnpackPartitioner()]
-    return []
+        return {"partitioner": [XnnpackPartitioner()], "compile_config": EdgeCompileConfig(_check_ir_validity=False)}
+    if backend == "mlx":
+        ensure_mlx_serialization()
+        from executorch.backends.mlx.partitioner import MLXPartitioner
+        from executorch.backends.mlx.passes import get_default_passes
+
+        return {"partitioner": [MLXPartitioner()], "transform_passes": get_default_passes(),
+                "compile_config": EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)}
+    return {"compile_config": EdgeCompileConfig(_check_ir_validity=False)}
+
+
+def ensure_mlx_serialization() -> None:
+    """Generate the MLX delegate's Python serialization files, which the executorch wheel ships without.
+
+    Uses the wheel's own generator and its bundled flatc; the C++ runtime parts are not needed to lower.
+    """
+    import importlib.util
+
+    import executorch.exir
+
+    root = Path(executorch.exir.__file__).parents[1]  # executorch is a namespace package: no __file__
+    serialization = root / "backends" / "mlx" / "serialization"
+    if (serialization / "mlx_graph_schema.py").exists():
+        return
+    spec = importlib.util.spec_from_file_location("_mlx_generate", serialization / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    schema = gen.parse_fbs(gen.SCHEMA_FBS)
+    gen.run_flatc(str(root / "data" / "bin" / "flatc"))
+    gen._fixup_flatc_imports()
+    for make, path in [(gen.generate_python_schema, gen.GENERATED_SCHEMA_PY),
+                       (gen.generate_python_serializers, gen.GENERATED_SERIALIZERS),
+                       (gen.generate_inspector, gen.GENERATED_INSPECTOR)]:
+        path.write_text(make(schema))
 
 
 def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata: dict):
     """torch.export -> edge (with the backend's partitioner) -> ExecuTorch program manager, and op counts."""
     from executorch.devtools.backend_debug import get_delegation_info
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 
     args, dynamic = example_inputs(model, config, max_block)
-    # backed_size_oblivious: the draft slices the block ([:, 1:]) on a dynamic dim that may be 2.
-    with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+    with torch.no_grad():
         program = export(model, args, dynamic_shapes=dynamic, strict=False)
-        if config.shared_weights:  # delegated weights are tagged on the unlifted graph, then re-exported
-            module = program.module()
-            delegate_external_constants_pass_unlifted(module=module, gen_tag_fn=_weight_tag)
-            program = export(module, args, dynamic_shapes=dynamic, strict=False)
-    edge = to_edge_transform_and_lower(
-        program, partitioner=_partitioners(config.backend), constant_methods=metadata,
-        compile_config=EdgeCompileConfig(_check_ir_validity=False),
-    )
+    if config.shared_weights:  # tag the weights the delegate will hold, so it keeps them outside the .pte
+        for node in program.graph.nodes:
+            if node.op == "placeholder" and _weight_tag(node):
+                node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
+    edge = to_edge_transform_and_lower(program, constant_methods=metadata, **_edge_options(config.backend))
     info = get_delegation_info(edge.exported_program().graph_module)
     ops = {"delegated": info.num_delegated_nodes, "portable": info.num_non_delegated_nodes,
            "delegate_calls": info.num_delegated_subgraphs}
@@ -151,7 +184,7 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, ckpt_id: in
              eos_ids: list[int], mask_token_id: int) -> dict:
     """Constant methods: everything a runner must know, inside the program itself."""
     common = {"get_max_seq_len": config.max_seq_len, "get_vocab_size": model.args.vocab_size,
-              "get_checkpoint_id": ckpt_id, "get_uses_custom_ops": True}
+              "get_checkpoint_id": ckpt_id, "get_uses_llama_custom_ops": config.backend != "mlx"}
     if kind == "target":
         return common | {"get_eos_ids": eos_ids, "get_target_layer_ids": model.layer_ids,
                          "get_max_chunk": max(config.prefill_chunk, max_block)}
@@ -182,6 +215,10 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
     model = target if kind == "target" else draft
     quantize(model, config)
+    if config.backend == "mlx":
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.use_mlx_ops()
     meta = metadata(kind, model, config, checkpoint_id(target_dir, draft_dir), max_block, eos_ids(target_dir),
                     settings.mask_token_id)
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)

@@ -117,9 +117,19 @@ class Attention(nn.Module):
         if a.qk_norm:
             self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
             self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
+        self.mlx = False
         cache_shape = (1, max_seq_len, a.num_kv_heads, a.head_dim)
         self.register_buffer("k_cache", torch.zeros(cache_shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(cache_shape), persistent=False)
+
+    def use_mlx_ops(self) -> None:
+        """Switch to the MLX delegate's cache ops (`mlx::kv_cache_update`, `mlx::custom_sdpa`): same
+        semantics as the llama ops, but heads-first caches [1, kv_heads, S, D]."""
+        import executorch.backends.mlx.custom_ops  # noqa: F401  (registers torch.ops.mlx.*)
+
+        self.mlx = True
+        self.k_cache = self.k_cache.transpose(1, 2).contiguous()
+        self.v_cache = self.v_cache.transpose(1, 2).contiguous()
 
     def forward(self, x: torch.Tensor, kv_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 start: int, is_causal: bool) -> torch.Tensor:
@@ -130,11 +140,17 @@ class Attention(nn.Module):
         if a.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q_start = s - t
-        q = apply_rope(q, cos[q_start:], sin[q_start:])
+        q = apply_rope(q, cos[q_start:s], sin[q_start:s])
         k = apply_rope(k, cos, sin)
-        torch.ops.llama.update_cache(k, self.k_cache, start)
-        torch.ops.llama.update_cache(v, self.v_cache, start)
-        y = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start + q_start, None, 0, is_causal)
+        if self.mlx:
+            torch.ops.mlx.kv_cache_update(self.k_cache, k.transpose(1, 2), start)
+            torch.ops.mlx.kv_cache_update(self.v_cache, v.transpose(1, 2), start)
+            y = torch.ops.mlx.custom_sdpa(q.transpose(1, 2), self.k_cache, self.v_cache, start + q_start,
+                                          None, 0.0, is_causal).transpose(1, 2)
+        else:
+            torch.ops.llama.update_cache(k, self.k_cache, start)
+            torch.ops.llama.update_cache(v, self.v_cache, start)
+            y = torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start + q_start, None, 0, is_causal)
         return self.o_proj(y.reshape(1, t, a.num_heads * a.head_dim))
 
 
@@ -219,7 +235,7 @@ class Draft(nn.Module):
         x = self.embed_tokens(tokens) * self.embed_scale
         for layer in self.layers:
             x = layer(x, cos, sin, start, ctx)
-        return self.lm_head(self.norm(x[:, 1:])) * self.logit_scale
+        return self.lm_head(self.norm(x[:, 1:b])) * self.logit_scale
 
 
 # --- checkpoints ---------------------------------------------------------------------------

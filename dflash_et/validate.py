@@ -8,7 +8,7 @@ same target.pte emits.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -21,14 +21,33 @@ from dflash_et.prompts import builtin_prompts, encode_chat, tokenizer
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What a program must meet against its eager model."""
+
+    max_rel_err: float            # max |program - eager| / max |eager|
+    min_token_agreement: float    # fraction of positions whose argmax agrees
+    require_lossless: bool        # fail (not just report) when DFlash and plain greedy differ
+
+
+@dataclass(frozen=True)
 class ValidateConfig:
-    """The `validate` section of params.yaml."""
+    """The `validate` section of params.yaml.
+
+    Quantized programs get their own limits: dynamic activation quantization rounds a value
+    that differs by 1e-7 between a T-token verify call and T one-token calls to different
+    int8 levels, so near-tied logits can flip and exact DFlash/greedy equality is not
+    guaranteed there. It is still measured and reported.
+    """
 
     prompts: int = 4
     max_new_tokens: int = 32
-    max_rel_err: float = 1e-3          # max |program - eager| / max |eager|, fp32 programs
-    max_rel_err_quantized: float = 0.05  # the same for 8da4w / 8da8w (dynamic activation rounding)
-    min_token_agreement: float = 0.99
+    fp32: Limits = Limits(1e-3, 0.99, True)
+    quantized: Limits = Limits(0.05, 0.9, False)
+
+    @classmethod
+    def from_params(cls, params: dict) -> "ValidateConfig":
+        limits = {k: Limits(**params[k]) for k in ("fp32", "quantized") if k in params}
+        return cls(**{**params, **limits})
 
 
 class Worst:
@@ -89,21 +108,28 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
 
 
 def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
-                   mask_token_id: int) -> tuple[bool, str | None, dict]:
-    """DFlash over the programs vs plain greedy over target.pte, at block 2 and the largest block."""
+                   mask_token_id: int) -> tuple[float, str | None, dict]:
+    """DFlash over the programs vs plain greedy over target.pte, at block 2 and the largest block.
+
+    Returns the fraction of (prompt, block) runs that matched exactly, the first divergence, and tau per block.
+    """
     target_p, draft_p = programs
     max_seq_len, chunk = target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
     taus: dict[int, list[float]] = {}
+    matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):
         reference = generate_ar(target_p, ids, max_new_tokens, eos, max_seq_len, chunk).tokens
         for block in sorted({2, draft_p.meta["max_block_size"]}):
             out = generate_dflash(target_p, draft_p, ids, max_new_tokens, eos, max_seq_len, chunk, block, mask_token_id)
             taus.setdefault(block, []).append(out.tau)
-            if out.tokens != reference:
+            runs += 1
+            if out.tokens == reference:
+                matched += 1
+            elif first_divergence is None:
                 first = next(i for i, (a, b) in enumerate(zip(out.tokens + [-1], reference + [-1])) if a != b)
-                return False, (f"DFlash at block {block} diverges from plain greedy decoding of target.pte "
-                               f"at generated token {first} on {label}"), taus
-    return True, None, taus
+                first_divergence = (f"DFlash at block {block} diverges from plain greedy decoding of target.pte "
+                                    f"at generated token {first} on {label}")
+    return matched / runs, first_divergence, taus
 
 
 def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
@@ -123,20 +149,21 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     labels = [f"prompt {i} ({r['prompt'][:40]!r})" for i, r in enumerate(rows)]
 
     numerics = compare_numerics(programs, eager, prompts, labels)
-    lossless, why, taus = check_lossless(programs, prompts, labels, set(programs[0].meta["eos_ids"]),
+    lossless_fraction, why, taus = check_lossless(programs, prompts, labels, set(programs[0].meta["eos_ids"]),
                                          config.max_new_tokens, eager[2].mask_token_id)
     worst = numerics["worst"]
-    limit = config.max_rel_err if export_config.quantize == "none" else config.max_rel_err_quantized
-    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {limit:g} on {worst[f'{name}_rel'].where}"
-                for name in ("target", "draft") if worst[f"{name}_rel"].value > limit]
-    if numerics["token_agreement"] < config.min_token_agreement:
-        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {config.min_token_agreement}")
-    if not lossless:
+    limits = config.fp32 if export_config.quantize == "none" else config.quantized
+    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {limits.max_rel_err:g} on {worst[f'{name}_rel'].where}"
+                for name in ("target", "draft") if worst[f"{name}_rel"].value > limits.max_rel_err]
+    if numerics["token_agreement"] < limits.min_token_agreement:
+        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}")
+    if why and limits.require_lossless:
         failures.append(why)
     return {
         "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,
         "draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value,
-        "token_agreement": numerics["token_agreement"], "lossless": lossless,
+        "token_agreement": numerics["token_agreement"], "lossless": why is None,
+        "lossless_fraction": lossless_fraction,
         "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},
-        "prompts": len(prompts), "rel_err_limit": limit, "failures": failures,
+        "divergence": why, "prompts": len(prompts), "limits": asdict(limits), "failures": failures,
     }

@@ -45,3 +45,27 @@ TARGET_CONFIGS = {
     "llama-bias-headdim": ("llama", dict(head_dim=24, attention_bias=True, mlp_bias=True,
                                          tie_word_embeddings=False), False),
 }
+
+
+def build_programs(pair, out: Path, **export_params) -> Path:
+    """Export both programs and package them into `out`, as the pipeline's stages do."""
+    from dflash_et.export import PROGRAM_KINDS, ExportConfig, export_program, package
+
+    config = ExportConfig.from_params({"max_seq_len": 128, "prefill_chunk": 16, **export_params})
+    for kind in PROGRAM_KINDS:
+        export_program(kind, *pair, config, out / "build" / kind)
+    (out / "programs").mkdir()
+    package([out / "build" / kind for kind in PROGRAM_KINDS], out / "programs")
+    return out / "programs"
+
+
+@pytest.fixture(scope="session")
+def programs(pair, tmp_path_factory) -> Path:
+    """fp32 XNNPACK programs of the built-in pair, lowered once per session."""
+    return build_programs(pair, tmp_path_factory.mktemp("xnnpack"))
+
+
+@pytest.fixture(scope="session")
+def shared_programs(pair, tmp_path_factory) -> Path:
+    """The same with export.shared_weights: both .pte files read one shared.ptd."""
+    return build_programs(pair, tmp_path_factory.mktemp("shared"), shared_weights=True)

@@ -1,5 +1,6 @@
 """Writing outputs so that a failure never leaves a half-written one: temp path, then rename."""
 
+import csv
 import json
 import os
 import shutil
@@ -27,4 +28,15 @@ def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Rows of one DVC plot (all with the same keys) as CSV."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     os.replace(tmp, path)

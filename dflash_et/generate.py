@@ -21,6 +21,7 @@ import torch
 
 TargetFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+OnTokens = Callable[[list[int]], None] | None  # called with each batch of newly emitted tokens (streaming)
 
 
 @dataclass
@@ -53,6 +54,11 @@ class Generation:
     @property
     def decode_s(self) -> float:
         return sum(r.total_s for r in self.rounds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: tokens after the first (which prefill produces) per second of decoding."""
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
 def _positions(start: int, length: int) -> torch.Tensor:
@@ -87,18 +93,20 @@ def _cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
 
 
 def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_ids: set[int],
-                max_seq_len: int, prefill_chunk: int) -> Generation:
+                max_seq_len: int, prefill_chunk: int, on_tokens: OnTokens = None) -> Generation:
     """Plain greedy decoding, one target call per token: the baseline and the ground truth."""
     _check_prompt(prompt, max_seq_len, max_new_tokens)
     t0 = time.perf_counter()
     logits, _ = prefill(target, prompt, prefill_chunk)
     out = Generation([int(logits.argmax())], time.perf_counter() - t0)
+    on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)  # position of out.tokens[-1], not yet written to the cache
     while len(out.tokens) < max_new_tokens and out.tokens[-1] not in eos_ids and pos < max_seq_len:
         t0 = time.perf_counter()
         logits, _ = target(torch.tensor([[out.tokens[-1]]]), _positions(pos, 1))
         t1 = time.perf_counter()
         out.tokens.append(int(logits[0, -1].argmax()))
+        on_tokens and on_tokens(out.tokens[-1:])
         pos += 1
         out.rounds.append(Round(0, 0, 1, 0.0, t1 - t0, time.perf_counter() - t0))
     return out
@@ -106,7 +114,7 @@ def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_id
 
 def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
-                    mask_token_id: int) -> Generation:
+                    mask_token_id: int, on_tokens: OnTokens = None) -> Generation:
     """Greedy DFlash decoding; emits exactly the tokens `generate_ar` would.
 
     Each round's block is clamped so that it never writes past `max_seq_len` nor emits more
@@ -119,6 +127,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     t0 = time.perf_counter()
     logits, taps = prefill(target, prompt, prefill_chunk)
     out = Generation([int(logits.argmax())], time.perf_counter() - t0)
+    on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
     done = out.tokens[-1] in eos_ids
@@ -143,6 +152,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
             accepted += 1
         new, done = _cut_at_eos(proposals[:accepted] + [verified[accepted]], eos_ids)
         out.tokens += new
+        on_tokens and on_tokens(new)
         unseen.append(taps[:, :accepted + 1])  # taps of `last` and the accepted proposals
         pos += accepted + 1
         out.rounds.append(Round(len(proposals), accepted, len(new), t1 - t0, t2 - t1, time.perf_counter() - t0))

@@ -1,0 +1,115 @@
+"""How much faster is DFlash than plain decoding of the same target.pte, and is it still exact?
+
+AR and DFlash run interleaved on the same prompts in one process (so drift in machine speed
+hits both alike), after a warm-up that is not counted. Throughput is decode tokens per second
+(the first token comes from prefill, which both share).
+"""
+
+import statistics
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dflash_et.engine import Engine
+from dflash_et.generate import Generation
+from dflash_et.prompts import encode_chat, load_prompts, tokenizer
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The `bench` section of params.yaml."""
+
+    prompts: str = "builtin"    # builtin | path to a JSONL file ({"prompt": ..., "category": ...} per line)
+    num_prompts: int = 9
+    max_new_tokens: int = 64
+    repeats: int = 1
+    warmup: int = 1             # prompts run (AR and DFlash) before timing starts
+    latency_repeats: int = 5    # target calls timed per T for the latency curve
+
+
+def target_latency_ms(engine: Engine, max_t: int, repeats: int) -> dict[int, float]:
+    """Median wall time of one target.pte call at T = 1..max_t tokens, at a mid-cache position."""
+    start = min(64, engine.max_seq_len - max_t)
+    out = {}
+    for t in range(1, max_t + 1):
+        tokens, pos = torch.zeros(1, t, dtype=torch.long), torch.arange(start, start + t)
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            engine.target(tokens, pos)
+            times.append(time.perf_counter() - t0)
+        out[t] = 1000 * statistics.median(times[1:])
+    return out
+
+
+def _throughput(runs: list[Generation]) -> float:
+    tokens = sum(len(g.tokens) - 1 for g in runs)
+    seconds = sum(g.decode_s for g in runs)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def run_bench(programs_dir: Path, target_dir: Path, block_size: int, config: BenchConfig) -> tuple[dict, dict]:
+    """Returns (metrics, plots): the bench.json metrics and the rows of each plot."""
+    engine = Engine(programs_dir)
+    engine.check_block_size(block_size)
+    tok = tokenizer(target_dir)
+    rows = load_prompts(config.prompts, config.num_prompts)
+    if not rows:
+        raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
+    encoded = [encode_chat(tok, r["prompt"]) for r in rows]
+    for ids in encoded[:config.warmup]:
+        engine.ar(ids, config.max_new_tokens)
+        engine.dflash(ids, config.max_new_tokens, block_size)
+
+    ar_runs, df_runs = defaultdict(list), defaultdict(list)
+    lossless = True
+    for _ in tqdm(range(config.repeats), desc="bench repeats", disable=config.repeats == 1):
+        for row, ids in tqdm(list(zip(rows, encoded)), desc=f"bench (block {block_size})"):
+            ar, df = engine.ar(ids, config.max_new_tokens), engine.dflash(ids, config.max_new_tokens, block_size)
+            lossless &= ar.tokens == df.tokens
+            ar_runs[row["category"]].append(ar)
+            df_runs[row["category"]].append(df)
+
+    all_ar = [g for runs in ar_runs.values() for g in runs]
+    all_df = [g for runs in df_runs.values() for g in runs]
+    rounds = [r for g in all_df for r in g.rounds]
+    latency = target_latency_ms(engine, block_size, config.latency_repeats)
+    histogram = Counter(r.accepted for r in rounds)
+    ar_tps, df_tps = _throughput(all_ar), _throughput(all_df)
+
+    def ms(values: list[float]) -> float:
+        return 1000 * sum(values) / max(len(values), 1)
+
+    metrics = {
+        "block_size": block_size,
+        "tau": sum(r.emitted for r in rounds) / max(len(rounds), 1),
+        "speedup": df_tps / ar_tps if ar_tps else 0.0,
+        "ar_tokens_per_s": ar_tps,
+        "dflash_tokens_per_s": df_tps,
+        "draft_ms_per_round": ms([r.draft_s for r in rounds]),
+        "verify_ms_per_round": ms([r.verify_s for r in rounds]),
+        "host_ms_per_round": ms([r.host_s for r in rounds]),
+        "ar_ms_per_token": ms([r.total_s for g in all_ar for r in g.rounds]),
+        "verify_cost_ratio": latency[block_size] / latency[1],
+        "lossless": lossless,
+        "prompts": len(rows), "repeats": config.repeats, "rounds": len(rounds),
+        "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(block_size)},
+        "tau_by_category": {c: _tau(runs) for c, runs in df_runs.items()},
+        "speedup_by_category": {c: _throughput(df_runs[c]) / _throughput(ar_runs[c]) for c in df_runs},
+    }
+    plots = {
+        "acceptance": [{"accepted": k, "rounds": histogram.get(k, 0)} for k in range(block_size)],
+        "target_latency": [{"tokens": t, "ms": v} for t, v in latency.items()],
+        "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": _throughput(runs[c])}
+                         for c in df_runs for mode, runs in (("ar", ar_runs), ("dflash", df_runs))],
+    }
+    return metrics, plots
+
+
+def _tau(runs: list[Generation]) -> float:
+    rounds = [r for g in runs for r in g.rounds]
+    return sum(r.emitted for r in rounds) / max(len(rounds), 1)

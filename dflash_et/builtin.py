@@ -81,36 +81,41 @@ def write_target(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def write_draft(out: Path, target_dir: Path) -> None:
-    """Write the built-in draft in z-lab's layout for the target in `target_dir`."""
-    target = json.loads((target_dir / "config.json").read_text())
-    mask_id = PreTrainedTokenizerFast.from_pretrained(target_dir).convert_tokens_to_ids(MASK)
-    layer_ids = default_target_layer_ids(target["num_hidden_layers"], DRAFT_LAYERS)
-    hidden, heads, kv_heads, head_dim, inter = (
-        target[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
-    )
-    config = {
+def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: int) -> dict:
+    """A z-lab DFlash draft config.json for `target` (its config.json as a dict): same widths, own depth."""
+    rope = target.get("rope_parameters") or {"rope_theta": target.get("rope_theta", 10000.0)}
+    head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
+    return {
         "architectures": ["DFlashDraftModel"],
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "model_type": "qwen3",
-        "block_size": DRAFT_BLOCK_SIZE,
+        "block_size": block_size,
         "num_target_layers": target["num_hidden_layers"],
-        "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": layer_ids},
-        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": DRAFT_LAYERS,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "vocab_size": target["vocab_size"], "rms_norm_eps": target["rms_norm_eps"],
-        "rope_theta": target["rope_parameters"]["rope_theta"], "rope_scaling": None,
+        "dflash_config": {"mask_token_id": mask_token_id,
+                          "target_layer_ids": default_target_layer_ids(target["num_hidden_layers"], num_layers)},
+        "hidden_size": target["hidden_size"], "intermediate_size": target["intermediate_size"],
+        "num_hidden_layers": num_layers, "num_attention_heads": target["num_attention_heads"],
+        "num_key_value_heads": target.get("num_key_value_heads") or target["num_attention_heads"],
+        "head_dim": head_dim, "vocab_size": target["vocab_size"], "rms_norm_eps": target["rms_norm_eps"],
+        "rope_theta": rope["rope_theta"], "rope_scaling": None,
         "max_position_embeddings": target["max_position_embeddings"], "attention_bias": False,
         "hidden_act": "silu", "tie_word_embeddings": False, "dtype": "float32",
     }
-    gen = torch.Generator().manual_seed(SEED + 1)
+
+
+def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded initial weights under z-lab's key names: N(0, 0.02) matrices, unit norms."""
+    hidden, heads, kv_heads, head_dim, inter = (
+        config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"))
+    gen = torch.Generator().manual_seed(seed)
 
     def normal(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * 0.02
 
-    weights = {"fc.weight": normal(hidden, len(layer_ids) * hidden),
+    taps = len(config["dflash_config"]["target_layer_ids"])
+    weights = {"fc.weight": normal(hidden, taps * hidden),
                "hidden_norm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden)}
-    for i in range(DRAFT_LAYERS):
+    for i in range(config["num_hidden_layers"]):
         p = f"layers.{i}."
         weights |= {
             p + "self_attn.q_proj.weight": normal(heads * head_dim, hidden),
@@ -125,6 +130,23 @@ def write_draft(out: Path, target_dir: Path) -> None:
             p + "input_layernorm.weight": torch.ones(hidden),
             p + "post_attention_layernorm.weight": torch.ones(hidden),
         }
+    return weights
+
+
+def save_draft(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors in z-lab's layout (the borrowed embedding and head left out)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    kept = {k: v.detach().contiguous() for k, v in weights.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+    save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def mask_token_id(target_dir: Path) -> int:
+    return PreTrainedTokenizerFast.from_pretrained(target_dir).convert_tokens_to_ids(MASK)
+
+
+def write_draft(out: Path, target_dir: Path) -> None:
+    """Write the built-in (random) draft in z-lab's layout for the target in `target_dir`."""
+    target = json.loads((target_dir / "config.json").read_text())
+    config = draft_config(target, mask_token_id(target_dir), DRAFT_LAYERS, DRAFT_BLOCK_SIZE)
+    save_draft(out, config, init_draft_weights(config, SEED + 1))

@@ -1,0 +1,40 @@
+"""The bench library: metrics, plots, prompt sources."""
+
+import json
+
+import pytest
+
+from dflash_et.bench import BenchConfig, run_bench
+from dflash_et.prompts import load_prompts
+
+
+def test_bench_metrics_and_plots(programs, pair):
+    metrics, plots = run_bench(programs, pair[0], 8, BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1))
+    for key in ("tau", "speedup", "ar_tokens_per_s", "dflash_tokens_per_s", "block_size", "draft_ms_per_round",
+                "verify_ms_per_round", "host_ms_per_round", "verify_cost_ratio", "acceptance_histogram"):
+        assert key in metrics
+    assert metrics["block_size"] == 8 and metrics["lossless"] is True and metrics["prompts"] == 3
+    assert sum(metrics["acceptance_histogram"].values()) == metrics["rounds"] > 0
+    assert metrics["tau"] >= 1.0 and metrics["speedup"] > 0
+    assert set(metrics["tau_by_category"]) == {"math", "code", "chat"}
+    assert [r["tokens"] for r in plots["target_latency"]] == list(range(1, 9))
+    assert len(plots["acceptance"]) == 8
+    assert {(r["category"], r["mode"]) for r in plots["tokens_per_s"]} == {
+        (c, m) for c in ("math", "code", "chat") for m in ("ar", "dflash")}
+
+
+def test_prompts_from_jsonl(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hello", "category": "chat"}\n\n{"question": "1+1?"}\n{"turns": ["hi", "more"]}\n')
+    assert load_prompts(str(f), 10) == [{"category": "chat", "prompt": "hello"},
+                                        {"category": "file", "prompt": "1+1?"}, {"category": "file", "prompt": "hi"}]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: no 'prompt', 'question' or 'turns' field"):
+        load_prompts(str(tmp_path / "bad.jsonl"), 10)
+    with pytest.raises(ValueError, match="no such JSONL file"):
+        load_prompts(str(tmp_path / "missing.jsonl"), 10)
+
+
+def test_builtin_prompts_cover_categories():
+    rows = load_prompts("builtin", 9)
+    assert [r["category"] for r in rows] == ["math", "code", "chat"] * 3

@@ -8,10 +8,11 @@ export DVC_NO_ANALYTICS := 1
 setup: $(VENV)/.installed
 
 # dflash (z-lab's reference, a test oracle only) hard-pins versions that clash with ours: no deps.
+# It also installs a `dflash` console script, so it goes first and ours replaces it.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps dflash==0.1.0
+	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
 repro: setup

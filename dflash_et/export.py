@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch.export import Dim, export
 
+from dflash_et.mlx_backend import ensure_mlx_backend
 from dflash_et.model import Attention, CheckpointError, Draft, Target, weight_files
 
 BACKENDS = ("xnnpack", "portable", "mlx")
@@ -120,38 +121,13 @@ def _edge_options(backend: str) -> dict:
 
         return {"partitioner": [XnnpackPartitioner()], "compile_config": EdgeCompileConfig(_check_ir_validity=False)}
     if backend == "mlx":
-        ensure_mlx_serialization()
+        ensure_mlx_backend()
         from executorch.backends.mlx.partitioner import MLXPartitioner
         from executorch.backends.mlx.passes import get_default_passes
 
         return {"partitioner": [MLXPartitioner()], "transform_passes": get_default_passes(),
                 "compile_config": EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)}
     return {"compile_config": EdgeCompileConfig(_check_ir_validity=False)}
-
-
-def ensure_mlx_serialization() -> None:
-    """Generate the MLX delegate's Python serialization files, which the executorch wheel ships without.
-
-    Uses the wheel's own generator and its bundled flatc; the C++ runtime parts are not needed to lower.
-    """
-    import importlib.util
-
-    import executorch.exir
-
-    root = Path(executorch.exir.__file__).parents[1]  # executorch is a namespace package: no __file__
-    serialization = root / "backends" / "mlx" / "serialization"
-    if (serialization / "mlx_graph_schema.py").exists():
-        return
-    spec = importlib.util.spec_from_file_location("_mlx_generate", serialization / "generate.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    schema = gen.parse_fbs(gen.SCHEMA_FBS)
-    gen.run_flatc(str(root / "data" / "bin" / "flatc"))
-    gen._fixup_flatc_imports()
-    for make, path in [(gen.generate_python_schema, gen.GENERATED_SCHEMA_PY),
-                       (gen.generate_python_serializers, gen.GENERATED_SERIALIZERS),
-                       (gen.generate_inspector, gen.GENERATED_INSPECTOR)]:
-        path.write_text(make(schema))
 
 
 def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata: dict):
@@ -175,9 +151,8 @@ def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata
 
 
 def _weight_tag(node: torch.fx.Node) -> str | None:
-    """Parameters (not caches, not RoPE tables) go to the external data file when weights are shared."""
-    name = str(node.target) if node.op == "get_attr" else node.name
-    return WEIGHTS_TAG if name.startswith("p_") or name.endswith((".weight", ".bias")) else None
+    """Parameters (lifted as `p_*` placeholders), not caches or RoPE tables, go to the shared data file."""
+    return WEIGHTS_TAG if node.name.startswith("p_") else None
 
 
 def metadata(kind: str, model: Target | Draft, config: ExportConfig, ckpt_id: int, max_block: int,

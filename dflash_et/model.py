@@ -125,8 +125,9 @@ class Attention(nn.Module):
     def use_mlx_ops(self) -> None:
         """Switch to the MLX delegate's cache ops (`mlx::kv_cache_update`, `mlx::custom_sdpa`): same
         semantics as the llama ops, but heads-first caches [1, kv_heads, S, D]."""
-        import executorch.backends.mlx.custom_ops  # noqa: F401  (registers torch.ops.mlx.*)
+        from dflash_et.mlx_backend import ensure_mlx_backend
 
+        ensure_mlx_backend()  # registers torch.ops.mlx.*
         self.mlx = True
         self.k_cache = self.k_cache.transpose(1, 2).contiguous()
         self.v_cache = self.v_cache.transpose(1, 2).contiguous()

@@ -15,23 +15,57 @@ def builtin_prompts(n: int) -> list[dict]:
     return [{"category": c, "prompt": p} for c, p, _ in samples(n, seed=PROMPT_SEED)]
 
 
+# Benchmark sets on the Hugging Face hub, by short name: (dataset, config, split).
+DATASETS = {
+    "gsm8k": ("openai/gsm8k", "main", "test"),
+    "humaneval": ("openai/openai_humaneval", None, "test"),
+    "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+}
+
+
 def load_prompts(source: str, n: int) -> list[dict]:
-    """`builtin`, or a JSONL file with a `prompt` (or `question`/`turns`) field and an optional `category`."""
+    """The first `n` prompts of `source`: `builtin`, a JSONL file, a hub benchmark by name
+    (gsm8k, humaneval, mt-bench) or any dataset as `hf:<repo or dir>[:config][@split]`.
+
+    A row's text is its `prompt`, `question` or first of `turns`; its category is its `category`
+    field, else the source's name.
+    """
     if source == "builtin":
         return builtin_prompts(n)
+    if source in DATASETS or source.startswith("hf:"):
+        return _dataset_prompts(source, n)
     path = Path(source)
     if not path.is_file():
-        raise ValueError(f"prompts {source!r}: not 'builtin' and no such JSONL file")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        text = row.get("prompt") or row.get("question") or (row.get("turns") or [None])[0]
-        if not text:
-            raise ValueError(f"{path}:{i + 1}: no 'prompt', 'question' or 'turns' field")
-        rows.append({"category": row.get("category", "file"), "prompt": text})
-    return rows[:n]
+        raise ValueError(f"prompts {source!r}: not 'builtin', a JSONL file, 'hf:<dataset>' or one of {sorted(DATASETS)}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [_prompt_row(row, "file", f"{path}:{i + 1}") for i, row in enumerate(rows[:n])]
+
+
+def _dataset_prompts(source: str, n: int) -> list[dict]:
+    from datasets import load_dataset
+
+    if source in DATASETS:
+        name, (repo, config, split) = source, DATASETS[source]
+    else:
+        spec, _, split = source.removeprefix("hf:").partition("@")
+        repo, _, config = spec.partition(":")
+        name, config, split = Path(repo).name, config or None, split or "train"
+    try:
+        dataset = load_dataset(repo, config, split=split)
+    except Exception as e:  # noqa: BLE001  hub or file boundary: offline, not found, bad split
+        raise ValueError(f"prompts {source!r}: cannot load dataset {repo!r} ({type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); "
+                         "use a local JSONL file or 'builtin'") from None
+    return [_prompt_row(row, name, f"{source} row {i}") for i, row in enumerate(dataset.select(range(min(n, len(dataset)))))]
+
+
+def _prompt_row(row: dict, category: str, where: str) -> dict:
+    text = row.get("prompt") or row.get("question") or row.get("turns")
+    if isinstance(text, list):
+        text = text[0] if text else None
+    if not text:
+        raise ValueError(f"{where}: no 'prompt', 'question' or 'turns' field")
+    return {"category": row.get("category") or category, "prompt": text}
 
 
 def tokenizer(target_dir: Path) -> PreTrainedTokenizerBase:

@@ -31,8 +31,22 @@ def test_prompts_from_jsonl(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: no 'prompt', 'question' or 'turns' field"):
         load_prompts(str(tmp_path / "bad.jsonl"), 10)
-    with pytest.raises(ValueError, match="no such JSONL file"):
+    with pytest.raises(ValueError, match="not 'builtin', a JSONL file, 'hf:<dataset>' or one of"):
         load_prompts(str(tmp_path / "missing.jsonl"), 10)
+
+
+def test_prompts_from_a_dataset(tmp_path, monkeypatch):
+    """Datasets load through `datasets.load_dataset`; a local directory stands in for the hub here."""
+    from dflash_et import prompts
+
+    data = tmp_path / "gsm8k-like"
+    data.mkdir()
+    (data / "test.jsonl").write_text("".join(json.dumps({"question": f"q{i}", "answer": "a"}) + "\n" for i in range(5)))
+    assert load_prompts(f"hf:{data}@test", 3) == [{"category": "gsm8k-like", "prompt": f"q{i}"} for i in range(3)]
+    monkeypatch.setitem(prompts.DATASETS, "gsm8k", (str(data), None, "test"))
+    assert load_prompts("gsm8k", 2) == [{"category": "gsm8k", "prompt": "q0"}, {"category": "gsm8k", "prompt": "q1"}]
+    with pytest.raises(ValueError, match="cannot load dataset .*use a local JSONL file or 'builtin'"):
+        load_prompts(f"hf:{tmp_path / 'nothing'}", 3)
 
 
 def test_builtin_prompts_cover_categories():

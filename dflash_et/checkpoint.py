@@ -21,6 +21,7 @@ from dflash_et.model import (DRAFT_BORROWED, CheckpointError, Draft, DraftSettin
                              weight_files)
 
 BUILTIN = "builtin"
+TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -29,15 +30,20 @@ CHECKPOINT_FILES = [
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 
 
-def fetch(role: str, source: str, out: Path, target_dir: Path | None = None) -> None:
+def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: "TrainConfig | None" = None) -> None:
     """Put the `role` ("target" or "draft") checkpoint named by `source` at `out`, checked.
 
-    A draft is checked against the target already at `target_dir`.
+    A draft is checked against the target already at `target_dir`; source `train` trains one for
+    it with the `train` settings.
     """
     param = f"model.{role}"
     with staged_dir(out) as tmp:
         if source == BUILTIN:
             builtin.write_target(tmp) if role == "target" else builtin.write_draft(tmp, target_dir)
+        elif source == TRAIN and role == "draft":
+            from dflash_et.train import TrainConfig, train_draft
+
+            train_draft(target_dir, tmp, train or TrainConfig())
         elif _looks_like_path(source):
             _copy_checkpoint(Path(source).expanduser(), tmp, param)
         elif HUB_ID.match(source):

@@ -21,7 +21,7 @@ from dflash_et.model import Attention, CheckpointError, Draft, Target, weight_fi
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
-DTYPES = {"fp32": torch.float32}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROGRAM_KINDS = ("target", "draft")
 WEIGHTS_TAG = "weights"  # with export.shared_weights, each program's weights go to <kind>.ptd
 
@@ -65,8 +65,10 @@ class ExportConfig:
             raise ExportError(f"export.quantize={self.quantize} needs the xnnpack backend (its int8 dynamic-"
                               f"activation kernels); {self.backend} cannot run it: set export.quantize=none")
         if self.dtype not in DTYPES:
-            raise ExportError(f"export.dtype={self.dtype!r} is not supported by the {self.backend} programs "
-                              f"here; use one of {', '.join(DTYPES)} (and export.quantize for smaller programs)")
+            raise ExportError(f"export.dtype={self.dtype!r} does not exist; use one of {', '.join(DTYPES)}")
+        if self.quantize != "none" and self.dtype != "fp32":
+            raise ExportError(f"export.quantize={self.quantize} computes in fp32 around its int8/int4 kernels; "
+                              f"set export.dtype=fp32 (not {self.dtype})")
         if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
             raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
 
@@ -108,7 +110,7 @@ def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
     b = proposals + 1
     n = Dim("context", min=1, max=config.max_seq_len - 2)
     width = model.fc.in_features
-    args = (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, width), torch.arange(2))
+    args = (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, width, dtype=model.fc.weight.dtype), torch.arange(2))
     return args, ({1: b}, {1: n}, {0: n})
 
 
@@ -188,7 +190,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     max_block = config.max_block_size or settings.block_size
     if not 2 <= max_block <= config.max_seq_len - 2:
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
-    model = target if kind == "target" else draft
+    model = (target if kind == "target" else draft).to(DTYPES[config.dtype])
     quantize(model, config)
     if config.backend == "mlx":
         for module in model.modules():

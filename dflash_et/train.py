@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_et import builtin
+from dflash_et.files import write_csv, write_json
 from dflash_et.generate import generate_ar, generate_dflash
 from dflash_et.model import Draft, Target, apply_rope, build_draft, load_target
 from dflash_et.prompts import encode_chat, load_prompts, tokenizer
@@ -159,7 +160,8 @@ def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[
 
 
 def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print) -> dict:
-    """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout. Returns the report."""
+    """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with
+    `train_draft.json` (held-out tau before/after) and `train_loss.csv`. Returns the report."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = 0
     if distributed:
@@ -214,8 +216,10 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print)
     report = {"steps": config.steps, "final_loss": losses[-1], "heldout_tau_untrained": tau_before,
               "heldout_tau": tau_after, "train_sequences": len(data), "seconds": time.perf_counter() - t0,
               "config": asdict(config), "loss_curve": [{"step": i, "loss": v} for i, v in enumerate(losses)]}
-    if rank == 0:
+    if rank == 0:  # the checkpoint carries its own training report
         builtin.save_draft(out_dir, draft_cfg, draft.state_dict())
+        write_csv(out_dir / "train_loss.csv", report["loss_curve"])
+        write_json(out_dir / "train_draft.json", {k: v for k, v in report.items() if k != "loss_curve"})
     if distributed:
         torch.distributed.destroy_process_group()
     log(f"[train_draft] held-out tau {tau_before:.2f} -> {tau_after:.2f}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from dflash_et.checkpoint import load_pair
-from dflash_et.export import ExportConfig, checkpoint_id, quantize
+from dflash_et.export import DTYPES, ExportConfig, checkpoint_id, quantize
 from dflash_et.generate import generate_ar, generate_dflash
 from dflash_et.programs import ProgramError, load_programs
 from dflash_et.prompts import builtin_prompts, encode_chat, tokenizer
@@ -33,20 +33,20 @@ class Limits:
 class ValidateConfig:
     """The `validate` section of params.yaml.
 
-    Quantized programs get their own limits: dynamic activation quantization rounds a value
-    that differs by 1e-7 between a T-token verify call and T one-token calls to different
-    int8 levels, so near-tied logits can flip and exact DFlash/greedy equality is not
+    Reduced-precision programs (fp16, bf16, quantized) get their own limits: a value that differs
+    by 1e-7 between a T-token verify call and T one-token calls rounds to different half-precision
+    or int8 levels, so near-tied logits can flip and exact DFlash/greedy equality is not
     guaranteed there. It is still measured and reported.
     """
 
     prompts: int = 4
     max_new_tokens: int = 32
     fp32: Limits = Limits(1e-3, 0.99, True)
-    quantized: Limits = Limits(0.05, 0.9, False)
+    reduced: Limits = Limits(0.05, 0.9, False)
 
     @classmethod
     def from_params(cls, params: dict) -> "ValidateConfig":
-        limits = {k: Limits(**params[k]) for k in ("fp32", "quantized") if k in params}
+        limits = {k: Limits(**params[k]) for k in ("fp32", "reduced") if k in params}
         return cls(**{**params, **limits})
 
 
@@ -140,9 +140,10 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         raise ProgramError(f"{programs_dir} holds programs exported from another checkpoint than {target_dir} + "
                            f"{draft_dir}; rebuild them (dvc repro) or point validate at the matching weights")
     export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
-    eager = load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"])
-    quantize(eager[0], export_config)
-    quantize(eager[1], export_config)
+    target, draft, settings = load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"])
+    for model in (target, draft):  # the eager twin of each program: same dtype, same quantization
+        quantize(model.to(DTYPES[export_config.dtype]), export_config)
+    eager = (target, draft, settings)
     tok = tokenizer(target_dir)
     rows = builtin_prompts(config.prompts)
     prompts = [encode_chat(tok, r["prompt"]) for r in rows]
@@ -152,7 +153,8 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     lossless_fraction, why, taus = check_lossless(programs, prompts, labels, set(programs[0].meta["eos_ids"]),
                                          config.max_new_tokens, eager[2].mask_token_id)
     worst = numerics["worst"]
-    limits = config.fp32 if export_config.quantize == "none" else config.quantized
+    exact = export_config.quantize == "none" and export_config.dtype == "fp32"
+    limits = config.fp32 if exact else config.reduced
     failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {limits.max_rel_err:g} on {worst[f'{name}_rel'].where}"
                 for name in ("target", "draft") if worst[f"{name}_rel"].value > limits.max_rel_err]
     if numerics["token_agreement"] < limits.min_token_agreement:

@@ -3,12 +3,14 @@
 import sys
 
 from dflash_et.checkpoint import fetch
+from dflash_et.train import TrainConfig
 from stages.common import WEIGHTS, params, run
 
 
 def main() -> None:
-    role = sys.argv[1]
-    fetch(role, str(params()["model"][role]), WEIGHTS / role, target_dir=WEIGHTS / "target")
+    role, p = sys.argv[1], params()
+    fetch(role, str(p["model"][role]), WEIGHTS / role, target_dir=WEIGHTS / "target",
+          train=TrainConfig(**p["train_draft"]))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Train a DFlash draft for a target: `python -m stages.train_draft TARGET_DIR OUT_DIR [REPORT_DIR]`.
+"""Train a DFlash draft for a target: `python -m stages.train_draft TARGET_DIR OUT_DIR`.
 
 The pipeline runs it through `fetch_draft` when `model.draft: train` (settings from the
 `train_draft` section of params.yaml); run directly, it trains a draft for any local target
@@ -10,25 +10,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dflash_et.files import staged_dir, write_csv, write_json
+from dflash_et.files import staged_dir
 from dflash_et.train import TrainConfig, train_draft
 from stages.common import params, run
 
 
-def train(target_dir: Path, out_dir: Path, report_dir: Path) -> None:
-    config = TrainConfig(**params().get("train_draft", {}))
+def train(target_dir: Path, out_dir: Path) -> None:
+    config = TrainConfig(**params()["train_draft"])
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: only rank 0 writes
         train_draft(target_dir, Path(tempfile.mkdtemp()), config)
         return
     with staged_dir(out_dir) as tmp:
-        report = train_draft(target_dir, tmp, config)
-    write_csv(report_dir / "train_loss.csv", report.pop("loss_curve"))
-    write_json(report_dir / "train_draft.json", report)
+        train_draft(target_dir, tmp, config)
 
 
 def main() -> None:
-    target_dir, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    train(target_dir, out_dir, Path(sys.argv[3]) if len(sys.argv) > 3 else out_dir.parent)
+    train(Path(sys.argv[1]), Path(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -137,7 +137,8 @@ def test_portable_target_runs_without_delegates(pair, tmp_path):
     ({"quantize": "4w"}, "weight-only configs lower to XNNPACK but compute wrong outputs"),
     ({"quantize": "int8_weight_only"}, "weight-only"),
     ({"quantize": "8da4w", "backend": "portable"}, "needs the xnnpack backend"),
-    ({"dtype": "bf16"}, "export.dtype='bf16' is not supported"),
+    ({"dtype": "fp64"}, "export.dtype='fp64' does not exist; use one of fp32, fp16, bf16"),
+    ({"dtype": "bf16", "quantize": "8da4w"}, "set export.dtype=fp32"),
     ({"max_seq_len": 2}, "max_seq_len >= 4"),
     ({"colour": "red"}, "unknown export params \\['colour'\\]"),
 ])
@@ -175,3 +176,16 @@ def test_mlx_programs_lower_with_the_mlx_delegate(pair, tmp_path):
         assert summary["metadata"]["get_uses_llama_custom_ops"] is False
     with pytest.raises(ProgramError, match="cannot be loaded by executorch.runtime"):
         TargetProgram(tmp_path / "target" / "target.pte")  # MLX runs on Apple silicon only
+
+
+def test_half_precision_programs(pair, tmp_path):
+    """fp16 (XNNPACK) and bf16 programs run and track the fp32 model at half-precision tolerance."""
+    target, _, _ = load_pair(*pair, max_seq_len=64)
+    tokens, pos = torch.arange(6)[None], torch.arange(6)
+    with torch.no_grad():
+        ref_logits, _ = target(tokens, pos)
+    for dtype, torch_dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        export_program("target", *pair, ExportConfig(max_seq_len=64, dtype=dtype), tmp_path / dtype)
+        logits, taps = TargetProgram(tmp_path / dtype / "target.pte")(tokens, pos)
+        assert logits.dtype == torch_dtype and taps.dtype == torch_dtype
+        assert (logits.float() - ref_logits).abs().max() / ref_logits.abs().max() < 0.05

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from dflash_et.checkpoint import check_pair, load_pair
+from dflash_et.checkpoint import check_pair, fetch, load_pair
 from dflash_et.train import (Sequence, TrainConfig, block_attention_mask, block_loss, loss_weights, new_draft,
-                             train_draft, training_logits)
+                             training_logits)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +73,12 @@ def test_loss_weights_and_ignored_positions(setup):
 def test_short_training_raises_heldout_acceptance_and_round_trips(pair, tmp_path):
     config = TrainConfig(steps=80, num_prompts=12, heldout=3, max_new_tokens=24, block_size=8, anchors=8, batch=4,
                          max_seq_len=256, lr=2e-3)
-    report = train_draft(pair[0], tmp_path / "draft", config, log=lambda *_: None)
+    fetch("draft", "train", tmp_path / "draft", target_dir=pair[0], train=config)  # model.draft: train
+    report = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
     assert report["heldout_tau"] > report["heldout_tau_untrained"] + 0.5, report
-    assert report["loss_curve"][-1]["loss"] < report["loss_curve"][0]["loss"]
+    curve = (tmp_path / "draft" / "train_loss.csv").read_text().splitlines()
+    assert curve[0] == "step,loss" and len(curve) == 81
+    assert float(curve[-1].split(",")[1]) < float(curve[1].split(",")[1])
     check_pair(pair[0], tmp_path / "draft")  # z-lab layout, fits the target
     saved = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert saved["block_size"] == 8 and saved["architectures"] == ["DFlashDraftModel"]

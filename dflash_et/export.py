@@ -17,7 +17,7 @@ import torch
 from torch.export import Dim, export
 
 from dflash_et.mlx_backend import ensure_mlx_backend
-from dflash_et.model import Attention, CheckpointError, Draft, Target, weight_files
+from dflash_et.model import Attention, CheckpointError, Draft, DraftSettings, Target, weight_files
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
@@ -73,15 +73,14 @@ class ExportConfig:
             raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
 
 
-def checkpoint_id(*ckpts: Path) -> int:
-    """A fingerprint of checkpoints' configs and weights, stored in the programs to catch mixed-up files."""
+def checkpoint_id(ckpt: Path) -> int:
+    """A fingerprint of a checkpoint's config and weights, stored in the programs to catch mixed-up files."""
     h = hashlib.blake2b(digest_size=8)
-    for ckpt in ckpts:
-        h.update((ckpt / "config.json").read_bytes())
-        for f in weight_files(ckpt):
-            with open(f, "rb") as fh:
-                while chunk := fh.read(1 << 24):
-                    h.update(chunk)
+    h.update((ckpt / "config.json").read_bytes())
+    for f in weight_files(ckpt):
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
     return int.from_bytes(h.digest(), "little") >> 2  # fits an int64 constant method
 
 
@@ -157,15 +156,21 @@ def _weight_tag(node: torch.fx.Node) -> str | None:
     return WEIGHTS_TAG if node.name.startswith("p_") else None
 
 
-def metadata(kind: str, model: Target | Draft, config: ExportConfig, ckpt_id: int, max_block: int,
-             eos_ids: list[int], mask_token_id: int) -> dict:
-    """Constant methods: everything a runner must know, inside the program itself."""
+def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir: Path, draft_dir: Path,
+             max_block: int, settings: DraftSettings) -> dict:
+    """Constant methods: everything a runner must know, inside the program itself.
+
+    Each program carries the fingerprint of the checkpoint it was made from; the draft also carries
+    its target's and the layers it reads, so a mismatched pair is caught when loading.
+    """
     common = {"get_max_seq_len": config.max_seq_len, "get_vocab_size": model.args.vocab_size,
-              "get_checkpoint_id": ckpt_id, "get_uses_llama_custom_ops": config.backend != "mlx"}
+              "get_target_layer_ids": settings.target_layer_ids,
+              "get_uses_llama_custom_ops": config.backend != "mlx"}
     if kind == "target":
-        return common | {"get_eos_ids": eos_ids, "get_target_layer_ids": model.layer_ids,
+        return common | {"get_checkpoint_id": checkpoint_id(target_dir), "get_eos_ids": eos_ids(target_dir),
                          "get_max_chunk": max(config.prefill_chunk, max_block)}
-    return common | {"get_mask_token_id": mask_token_id, "get_max_block_size": max_block,
+    return common | {"get_checkpoint_id": checkpoint_id(draft_dir), "get_target_checkpoint_id": checkpoint_id(target_dir),
+                     "get_mask_token_id": settings.mask_token_id, "get_max_block_size": max_block,
                      "get_max_context": config.max_seq_len - 2}
 
 
@@ -196,8 +201,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         for module in model.modules():
             if isinstance(module, Attention):
                 module.use_mlx_ops()
-    meta = metadata(kind, model, config, checkpoint_id(target_dir, draft_dir), max_block, eos_ids(target_dir),
-                    settings.mask_token_id)
+    meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings)
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
     program, ops = lower(model, config, max_block, meta)
     out_dir.mkdir(parents=True, exist_ok=True)

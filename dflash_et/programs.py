@@ -65,7 +65,8 @@ def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
     ptd = ptd if ptd.exists() else None
     target = TargetProgram(programs_dir / "target.pte", ptd)
     draft = DraftProgram(programs_dir / "draft.pte", ptd)
-    if target.meta.get("checkpoint_id") != draft.meta.get("checkpoint_id"):
-        raise ProgramError(f"{target.path} and {draft.path} were exported from different checkpoints; "
+    if (draft.meta.get("target_checkpoint_id") != target.meta.get("checkpoint_id")
+            or draft.meta.get("target_layer_ids") != target.meta.get("target_layer_ids")):
+        raise ProgramError(f"{draft.path} was exported for another target than {target.path}; "
                            "export both from the same pair")
     return target, draft

@@ -135,10 +135,10 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
 def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
     """Run every check; returns the report (with `failures`, empty when all passed)."""
     programs = load_programs(programs_dir)
-    expected = checkpoint_id(target_dir, draft_dir)
-    if programs[0].meta.get("checkpoint_id") != expected:
-        raise ProgramError(f"{programs_dir} holds programs exported from another checkpoint than {target_dir} + "
-                           f"{draft_dir}; rebuild them (dvc repro) or point validate at the matching weights")
+    for program, ckpt in zip(programs, (target_dir, draft_dir)):
+        if program.meta.get("checkpoint_id") != checkpoint_id(ckpt):
+            raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
+                               "programs (dvc repro) or point validate at the matching weights")
     export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
     target, draft, settings = load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"])
     for model in (target, draft):  # the eager twin of each program: same dtype, same quantization

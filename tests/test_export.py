@@ -37,7 +37,8 @@ def test_call_plan_covers_prefill_decode_verify_rollback():
 def test_programs_are_self_describing(programs, pair):
     target, draft = load_programs(programs)
     assert target.meta["max_seq_len"] == draft.meta["max_seq_len"] == 128
-    assert target.meta["eos_ids"] == [0, 2] and target.meta["target_layer_ids"] == [1, 3]
+    assert target.meta["eos_ids"] == [0, 2] and target.meta["target_layer_ids"] == draft.meta["target_layer_ids"] == [1, 3]
+    assert draft.meta["target_checkpoint_id"] == target.meta["checkpoint_id"] != draft.meta["checkpoint_id"]
     assert target.meta["vocab_size"] == 2048 and target.meta["max_chunk"] == 16
     assert draft.meta["mask_token_id"] == 5 and draft.meta["max_block_size"] == 16
     summary = json.loads((programs / "export.json").read_text())
@@ -66,8 +67,23 @@ def test_validate_refuses_programs_of_another_checkpoint(programs, pair, tmp_pat
     config = json.loads((other / "config.json").read_text())
     config["rms_norm_eps"] = 1e-5
     (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ProgramError, match="exported from another checkpoint"):
+    with pytest.raises(ProgramError, match=f"target.pte was exported from another checkpoint than {other}"):
         validate(programs, other, pair[1], ValidateConfig(prompts=1))
+
+
+def test_programs_of_different_pairs_are_refused(programs, pair, tmp_path):
+    """A draft exported for another target (here: the same target, other layers) does not load with it."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copy(programs / "target.pte", mixed / "target.pte")
+    draft_dir = tmp_path / "draft"
+    shutil.copytree(pair[1], draft_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [2, 4]
+    (draft_dir / "config.json").write_text(json.dumps(config))
+    export_program("draft", pair[0], draft_dir, ExportConfig(max_seq_len=128, prefill_chunk=16), mixed)
+    with pytest.raises(ProgramError, match="draft.pte was exported for another target than"):
+        load_programs(mixed)
 
 
 def test_shared_weights(shared_programs, programs, pair):

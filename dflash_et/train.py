@@ -26,7 +26,9 @@ from dflash_et import builtin
 from dflash_et.files import write_csv, write_json
 from dflash_et.generate import generate_ar, generate_dflash
 from dflash_et.model import Draft, Target, apply_rope, build_draft, load_target
-from dflash_et.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.prompts import builtin_prompts, encode_chat, load_prompts, tokenizer
+
+TRAIN_PROMPT_SEED = 4321
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,9 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print)
     eos = set(json.loads((target_dir / "generation_config.json").read_text()).get("eos_token_id", []))
 
     tok = tokenizer(target_dir)
-    rows = load_prompts(config.prompts, config.num_prompts + config.heldout)
+    n = config.num_prompts + config.heldout
+    # Not the bench's and validate's built-in prompts: those measure the draft, so it never trains on them.
+    rows = builtin_prompts(n, seed=TRAIN_PROMPT_SEED) if config.prompts == "builtin" else load_prompts(config.prompts, n)
     prompts = [encode_chat(tok, r["prompt"]) for r in rows]
     train_prompts, heldout = prompts[config.heldout:], prompts[:config.heldout]
     t0 = time.perf_counter()

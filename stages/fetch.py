@@ -10,7 +10,7 @@ from stages.common import WEIGHTS, params, run
 def main() -> None:
     role, p = sys.argv[1], params()
     fetch(role, str(p["model"][role]), WEIGHTS / role, target_dir=WEIGHTS / "target",
-          train=TrainConfig(**p["train_draft"]))
+          train=TrainConfig(**p.get("train_draft", {})))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from stages.common import params, run
 
 
 def train(target_dir: Path, out_dir: Path) -> None:
-    config = TrainConfig(**params()["train_draft"])
+    config = TrainConfig(**params().get("train_draft", {}))
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: only rank 0 writes
         train_draft(target_dir, Path(tempfile.mkdtemp()), config)
         return

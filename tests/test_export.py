@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from dflash_et.checkpoint import load_pair
-from dflash_et.export import ExportConfig, ExportError, export_program, merge_weights, quantize
+from dflash_et.export import ExportConfig, ExportError, export_program, merge_weights, package, quantize
 from dflash_et.programs import DraftProgram, ProgramError, TargetProgram, load_programs
-from dflash_et.validate import ValidateConfig, call_plan, check_lossless, compare_numerics, validate
+from dflash_et.validate import Limits, ValidateConfig, call_plan, check_lossless, compare_numerics, validate
 
 
 def numerics(programs_dir, pair, export_config=None):
@@ -59,6 +59,45 @@ def test_validate_passes_and_reports(programs, pair):
     report = validate(programs, *pair, ValidateConfig(prompts=2, max_new_tokens=16))
     assert report["failures"] == [] and report["lossless"] is True
     assert report["target_max_abs_err"] < 1e-3 and report["token_agreement"] == 1.0
+
+
+def test_failed_checks_say_which_by_how_much_and_where(programs, pair):
+    strict = ValidateConfig(prompts=1, max_new_tokens=8, fp32=Limits(1e-12, 1.0, True))
+    failures = validate(programs, *pair, strict)["failures"]
+    assert len(failures) == 2
+    assert failures[0].startswith("target_rel_err ") and " > 1e-12 on prompt 0 ('" in failures[0]
+    assert failures[1].startswith("draft_rel_err ") and "on prompt 0 (" in failures[1]
+
+
+def test_validate_stage_fails_with_the_failures(programs, pair, tmp_path, monkeypatch):
+    import stages.validate as stage
+
+    monkeypatch.setattr(stage, "PROGRAMS", programs)
+    monkeypatch.setattr(stage, "REPORTS", tmp_path)
+    monkeypatch.setattr(stage, "WEIGHTS", pair[0].parent)
+    monkeypatch.setattr(stage, "params", lambda: {"validate": {
+        "prompts": 1, "max_new_tokens": 8, "fp32": {"max_rel_err": 1e-12, "min_token_agreement": 1.0,
+                                                    "require_lossless": True}}})
+    with pytest.raises(SystemExit, match="error: validate failed: target_rel_err .* on prompt 0"):
+        stage.main()
+    assert json.loads((tmp_path / "validate.json").read_text())["failures"]
+
+
+def test_package_refuses_programs_exported_differently(programs, tmp_path):
+    build = tmp_path / "build"
+    for kind in ("target", "draft"):
+        shutil.copytree(programs.parent / "build" / kind, build / kind)
+    summary = json.loads((build / "draft" / "export.json").read_text())
+    summary["config"]["max_seq_len"] = 256
+    (build / "draft" / "export.json").write_text(json.dumps(summary))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ExportError, match="exported with different settings"):
+        package([build / "target", build / "draft"], tmp_path / "out")
+
+
+def test_block_size_beyond_the_cache_is_refused(pair, tmp_path):
+    with pytest.raises(ExportError, match="export.max_block_size=40 must be in 2..max_seq_len-2"):
+        export_program("draft", *pair, ExportConfig(max_seq_len=32, max_block_size=40), tmp_path)
 
 
 def test_validate_refuses_programs_of_another_checkpoint(programs, pair, tmp_path):

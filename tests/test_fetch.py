@@ -153,3 +153,25 @@ def test_stage_prints_one_line_and_fails(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         "error: model.target: /nonexistent/ckpt is not a directory; give a checkpoint directory, a hub id or 'builtin'")
     assert not (tmp_path / "artifacts" / "weights" / "target").exists()
+
+
+def test_sharded_checkpoint_with_a_missing_shard(pair, tmp_path):
+    from tests.conftest import random_checkpoint
+
+    src = random_checkpoint(tmp_path / "src", "llama", shard=True)
+    shutil.copy(pair[0] / "tokenizer.json", src)
+    shards = sorted(src.glob("model-*.safetensors"))
+    shards[-1].unlink()
+    assert_refused(f"shard {shards[-1].name} listed in the index is missing", "target", src, tmp_path / "t")
+
+
+def test_target_without_tokenizer(pair, tmp_path):
+    src = copy(pair[0], tmp_path / "src")
+    (src / "tokenizer.json").unlink()
+    assert_refused("no tokenizer.json or tokenizer.model", "target", src, tmp_path / "t")
+
+
+def test_unreadable_config(pair, tmp_path):
+    src = copy(pair[0], tmp_path / "src")
+    (src / "config.json").write_text("{not json")
+    assert_refused("config.json: cannot be read as a model config", "target", src, tmp_path / "t")

@@ -7,6 +7,7 @@ corpus), in exactly the file layout of the real checkpoints (`Qwen/Qwen3-4B`,
 """
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -66,8 +67,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def write_target(out: Path) -> None:
-    """Write the built-in target: config, generation config, safetensors and tokenizer."""
+def write_target(out: Path, trained: bool = True) -> None:
+    """Write the built-in target: config, generation config, safetensors and tokenizer.
+
+    `trained`: the default built-in target is a small LM trained here on the project's corpus, so
+    its greedy replies follow the corpus and a draft can learn them; untrained, it is random
+    weights in the same layout (seconds instead of minutes, for tests).
+    """
     tokenizer = build_tokenizer()
     eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
     config = Qwen3Config(
@@ -76,9 +82,44 @@ def write_target(out: Path) -> None:
     )
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(config)
+    if trained:
+        train_target(model, tokenizer)
     model.generation_config = GenerationConfig(bos_token_id=eos[1], eos_token_id=eos, pad_token_id=eos[1])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2)
+
+
+def train_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Next-token training on corpus chats, each rendered exactly as a generation prompt plus reply."""
+    from tqdm import tqdm
+
+    t = TARGET_TRAINING
+    chats = []
+    for _, prompt, answer in samples(t["samples"], seed=t["seed"]):
+        head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+        chats.append(tokenizer.encode(head + answer + IM_END + "\n"))
+    gen = torch.Generator().manual_seed(t["seed"])
+    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / t["warmup"]) * 0.5 * (1 + math.cos(math.pi * s / t["steps"])))
+    model.train()
+    for _ in tqdm(range(t["steps"]), desc="training the built-in target"):
+        batch = [chats[i] for i in torch.randint(0, len(chats), (t["batch"],), generator=gen).tolist()]
+        length = max(map(len, batch))
+        ids = torch.zeros(len(batch), length, dtype=torch.long)
+        labels = torch.full((len(batch), length), -100)
+        for i, seq in enumerate(batch):
+            ids[i, :len(seq)] = labels[i, :len(seq)] = torch.tensor(seq)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+    model.eval()
 
 
 def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: int) -> dict:

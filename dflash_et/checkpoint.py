@@ -20,7 +20,8 @@ from dflash_et.model import (DRAFT_BORROWED, CheckpointError, Draft, DraftSettin
                              build_target, draft_settings, load_config, load_draft, load_target, target_state_dict,
                              weight_files)
 
-BUILTIN = "builtin"
+BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
+BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -38,8 +39,11 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
     """
     param = f"model.{role}"
     with staged_dir(out) as tmp:
-        if source == BUILTIN:
-            builtin.write_target(tmp) if role == "target" else builtin.write_draft(tmp, target_dir)
+        if source in (BUILTIN, BUILTIN_RANDOM):
+            if role == "target":
+                builtin.write_target(tmp, trained=source == BUILTIN)
+            else:
+                builtin.write_draft(tmp, target_dir)
         elif source == TRAIN and role == "draft":
             from dflash_et.train import TrainConfig, train_draft
 

@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory) -> tuple[Path, Path]:
-    """The built-in (target, draft) checkpoint directories, fetched as the pipeline does."""
+    """The built-in (target, draft) checkpoint directories with random weights, fetched as the pipeline does."""
     root = tmp_path_factory.mktemp("weights")
-    fetch("target", "builtin", root / "target")
+    fetch("target", "builtin-random", root / "target")
     fetch("draft", "builtin", root / "draft", target_dir=root / "target")
     return root / "target", root / "draft"
 

@@ -16,7 +16,7 @@ def files(d: Path) -> dict[str, bytes]:
 
 def test_same_bytes_twice(pair, tmp_path):
     target, draft = pair
-    builtin.write_target(tmp_path / "t")
+    builtin.write_target(tmp_path / "t", trained=False)
     builtin.write_draft(tmp_path / "d", tmp_path / "t")
     assert files(tmp_path / "t") == files(target)
     assert files(tmp_path / "d") == files(draft)
@@ -68,3 +68,20 @@ def test_default_layer_ids_match_zlab():
 
     for n, l in [(36, 5), (28, 5), (6, 2), (32, 1), (40, 8)]:
         assert builtin.default_target_layer_ids(n, l) == build_target_layer_ids(n, l)
+
+
+def test_target_training_lowers_the_loss(monkeypatch):
+    """The built-in target's training step (the full run takes minutes; here three steps)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    monkeypatch.setitem(builtin.TARGET_TRAINING, "steps", 3)
+    monkeypatch.setitem(builtin.TARGET_TRAINING, "samples", 64)
+    tok = builtin.build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=builtin.VOCAB_SIZE, **{**builtin.TARGET_SHAPE, "num_hidden_layers": 2}))
+    chat = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSure!<|im_end|>\n")
+    ids = torch.tensor([chat])
+    before = model(input_ids=ids, labels=ids).loss.item()
+    builtin.train_target(model, tok)
+    assert not model.training
+    assert model(input_ids=ids, labels=ids).loss.item() < before

@@ -11,7 +11,8 @@ import yaml
 
 from tests.conftest import REPO
 
-SMALL = {"export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12},
+SMALL = {"model": {"target": "builtin-random", "draft": "builtin"},  # the default trains for minutes
+         "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12},
          "bench": {"num_prompts": 3, "max_new_tokens": 12, "latency_repeats": 1}}
 
 

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from dflash_et.engine import Engine
-from dflash_et.generate import Generation
+from dflash_et.generate import Generation, pooled_tau
 from dflash_et.prompts import encode_chat, load_prompts, tokenizer
 
 
@@ -54,12 +54,12 @@ def _throughput(runs: list[Generation]) -> float:
 
 def run_bench(programs_dir: Path, target_dir: Path, block_size: int, config: BenchConfig) -> tuple[dict, dict]:
     """Returns (metrics, plots): the bench.json metrics and the rows of each plot."""
+    rows = load_prompts(config.prompts, config.num_prompts)  # first: a bad prompt source fails before any load
+    if not rows:
+        raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
     engine = Engine(programs_dir)
     engine.check_block_size(block_size)
     tok = tokenizer(target_dir)
-    rows = load_prompts(config.prompts, config.num_prompts)
-    if not rows:
-        raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
     encoded = [encode_chat(tok, r["prompt"]) for r in rows]
     for ids in encoded[:config.warmup]:
         engine.ar(ids, config.max_new_tokens)
@@ -86,7 +86,7 @@ def run_bench(programs_dir: Path, target_dir: Path, block_size: int, config: Ben
 
     metrics = {
         "block_size": block_size,
-        "tau": sum(r.emitted for r in rounds) / max(len(rounds), 1),
+        "tau": pooled_tau(all_df),
         "speedup": df_tps / ar_tps if ar_tps else 0.0,
         "ar_tokens_per_s": ar_tps,
         "dflash_tokens_per_s": df_tps,
@@ -98,7 +98,7 @@ def run_bench(programs_dir: Path, target_dir: Path, block_size: int, config: Ben
         "lossless": lossless,
         "prompts": len(rows), "repeats": config.repeats, "rounds": len(rounds),
         "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(block_size)},
-        "tau_by_category": {c: _tau(runs) for c, runs in df_runs.items()},
+        "tau_by_category": {c: pooled_tau(runs) for c, runs in df_runs.items()},
         "speedup_by_category": {c: _throughput(df_runs[c]) / _throughput(ar_runs[c]) for c in df_runs},
     }
     plots = {
@@ -108,8 +108,3 @@ def run_bench(programs_dir: Path, target_dir: Path, block_size: int, config: Ben
                          for c in df_runs for mode, runs in (("ar", ar_runs), ("dflash", df_runs))],
     }
     return metrics, plots
-
-
-def _tau(runs: list[Generation]) -> float:
-    rounds = [r for g in runs for r in g.rounds]
-    return sum(r.emitted for r in rounds) / max(len(rounds), 1)

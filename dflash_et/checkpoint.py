@@ -6,9 +6,12 @@ layout, written to a temporary directory and renamed into place only once it has
 every check, so a failed fetch leaves nothing behind.
 """
 
+from __future__ import annotations
+
 import os
 import re
 import shutil
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import torch
@@ -16,9 +19,12 @@ from safetensors import SafetensorError, safe_open
 
 from dflash_et import builtin
 from dflash_et.files import staged_dir
+
+if TYPE_CHECKING:
+    from dflash_et.train import TrainConfig
 from dflash_et.model import (DRAFT_BORROWED, CheckpointError, Draft, DraftSettings, ModelArgs, Target, build_draft,
-                             build_target, draft_settings, load_config, load_draft, load_target, target_state_dict,
-                             weight_files)
+                             build_target, check_weights, draft_settings, load_config, load_draft, load_target,
+                             target_state_dict, weight_files)
 
 BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
 BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
@@ -31,7 +37,7 @@ CHECKPOINT_FILES = [
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 
 
-def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: "TrainConfig | None" = None) -> None:
+def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: TrainConfig | None = None) -> None:
     """Put the `role` ("target" or "draft") checkpoint named by `source` at `out`, checked.
 
     A draft is checked against the target already at `target_dir`; source `train` trains one for
@@ -45,7 +51,7 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
             else:
                 builtin.write_draft(tmp, target_dir)
         elif source == TRAIN and role == "draft":
-            from dflash_et.train import TrainConfig, train_draft
+            from dflash_et.train import TrainConfig, train_draft  # noqa: F811  (imported only when training)
 
             train_draft(target_dir, tmp, train or TrainConfig())
         elif _looks_like_path(source):
@@ -118,18 +124,6 @@ def _config(ckpt: Path, name: str):
         raise CheckpointError(f"{name}/config.json: cannot be read as a model config ({e})") from None
 
 
-def _compare(name: str, module: torch.nn.Module, actual: dict[str, tuple[int, ...]], optional=()) -> None:
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    missing = sorted(set(expected) - set(actual) - set(optional))
-    unexpected = sorted(set(actual) - set(expected))
-    wrong = [f"{k} {list(actual[k])} != {list(expected[k])}" for k in sorted(set(expected) & set(actual))
-             if expected[k] != actual[k]]
-    problems = [f"{label}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
-                for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if items]
-    if problems:
-        raise CheckpointError(f"{name}: weights do not match its config.json ({'; '.join(problems)})")
-
-
 def check_target(ckpt: Path, name: str | None = None) -> None:
     """A usable target: supported architecture, tokenizer, weights that match the config.
 
@@ -142,7 +136,7 @@ def check_target(ckpt: Path, name: str | None = None) -> None:
     with torch.device("meta"):
         model = build_target(config, [], 1)
     shapes = target_state_dict(_header_shapes(ckpt, name))
-    _compare(name, model, shapes, ("lm_head.weight",) if model.args.tie_word_embeddings else ())
+    check_weights(name, model, shapes, ("lm_head.weight",) if model.args.tie_word_embeddings else ())
 
 
 def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> None:
@@ -172,7 +166,7 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
         raise CheckpointError(f"{name} does not fit target {target_dir}: {'; '.join(mismatches)}")
     with torch.device("meta"):
         model = build_draft(draft, t, 1)
-    _compare(name, model, shapes, DRAFT_BORROWED)
+    check_weights(name, model, shapes, DRAFT_BORROWED)
 
 
 def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int) -> tuple[Target, Draft, DraftSettings]:

@@ -17,7 +17,7 @@ import torch
 from torch.export import Dim, export
 
 from dflash_et.mlx_backend import ensure_mlx_backend
-from dflash_et.model import Attention, CheckpointError, Draft, DraftSettings, Target, weight_files
+from dflash_et.model import Attention, CheckpointError, Draft, DraftSettings, Target, eos_ids, weight_files
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
@@ -172,17 +172,6 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
     return common | {"get_checkpoint_id": checkpoint_id(draft_dir), "get_target_checkpoint_id": checkpoint_id(target_dir),
                      "get_mask_token_id": settings.mask_token_id, "get_max_block_size": max_block,
                      "get_max_context": config.max_seq_len - 2}
-
-
-def eos_ids(target_dir: Path) -> list[int]:
-    """EOS ids from generation_config.json (falling back to config.json), as a list."""
-    for name in ("generation_config.json", "config.json"):
-        f = target_dir / name
-        if f.exists():
-            eos = json.loads(f.read_text()).get("eos_token_id")
-            if eos is not None:
-                return sorted(set(eos if isinstance(eos, list) else [eos]))
-    return []
 
 
 def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path) -> dict:

@@ -61,6 +61,12 @@ class Generation:
         return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else 0.0
 
 
+def pooled_tau(runs: list[Generation]) -> float:
+    """Tokens per round over several generations together (not the mean of their taus)."""
+    rounds = [r for g in runs for r in g.rounds]
+    return sum(r.emitted for r in rounds) / max(len(rounds), 1)
+
+
 def _positions(start: int, length: int) -> torch.Tensor:
     return torch.arange(start, start + length, dtype=torch.long)
 

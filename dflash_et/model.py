@@ -141,7 +141,7 @@ class Attention(nn.Module):
         if a.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q_start = s - t
-        q = apply_rope(q, cos[q_start:s], sin[q_start:s])
+        q = apply_rope(q, cos[q_start:s], sin[q_start:s])  # explicit ends: the MLX partitioner rejects open slices
         k = apply_rope(k, cos, sin)
         if self.mlx:
             torch.ops.mlx.kv_cache_update(self.k_cache, k.transpose(1, 2), start)
@@ -236,7 +236,7 @@ class Draft(nn.Module):
         x = self.embed_tokens(tokens) * self.embed_scale
         for layer in self.layers:
             x = layer(x, cos, sin, start, ctx)
-        return self.lm_head(self.norm(x[:, 1:b])) * self.logit_scale
+        return self.lm_head(self.norm(x[:, 1:b])) * self.logit_scale  # explicit end, as in Attention
 
 
 # --- checkpoints ---------------------------------------------------------------------------
@@ -282,6 +282,17 @@ def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
     return DraftSettings(list(layer_ids), int(mask), int(getattr(draft_config, "block_size", 16)))
 
 
+def eos_ids(target_dir: Path) -> list[int]:
+    """EOS ids from generation_config.json (falling back to config.json), as a list."""
+    for name in ("generation_config.json", "config.json"):
+        f = target_dir / name
+        if f.exists():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return sorted(set(eos if isinstance(eos, list) else [eos]))
+    return []
+
+
 def load_config(ckpt: Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(ckpt)
 
@@ -307,14 +318,23 @@ def target_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb" not in k}
 
 
+def check_weights(name: str, module: nn.Module, actual: dict[str, tuple[int, ...]], optional: tuple[str, ...] = ()) -> None:
+    """Every parameter of `module` present with its shape, nothing extra (keys in `optional` may be absent)."""
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    missing = sorted(set(expected) - set(actual) - set(optional))
+    unexpected = sorted(set(actual) - set(expected))
+    wrong = [f"{k} {list(actual[k])} != {list(expected[k])}" for k in sorted(set(expected) & set(actual))
+             if expected[k] != actual[k]]
+    problems = [f"{label}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}"
+                for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if items]
+    if problems:
+        raise CheckpointError(f"{name}: weights do not match its config.json ({'; '.join(problems)})")
+
+
 def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], name: str, optional: tuple[str, ...] = ()) -> None:
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state) - set(optional))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
-    if missing or unexpected or wrong:
-        raise CheckpointError(f"{name}: missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {wrong[:5]}")
-    module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=False)
+    check_weights(name, module, {k: tuple(v.shape) for k, v in state.items()}, optional)
+    dtypes = {k: v.dtype for k, v in module.state_dict().items()}
+    module.load_state_dict({k: v.to(dtypes[k]) for k, v in state.items()}, strict=False)
 
 
 def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int) -> Target:

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from dflash_et import builtin
 from dflash_et.files import write_csv, write_json
-from dflash_et.generate import generate_ar, generate_dflash
-from dflash_et.model import Draft, Target, apply_rope, build_draft, load_target
+from dflash_et.generate import generate_ar, generate_dflash, pooled_tau
+from dflash_et.model import Draft, Target, apply_rope, build_draft, eos_ids, load_target
 from dflash_et.prompts import builtin_prompts, encode_chat, load_prompts, tokenizer
 
 TRAIN_PROMPT_SEED = 4321
@@ -151,14 +151,9 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
 def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[int], config: TrainConfig,
                mask_token_id: int) -> float:
     """tau (tokens per round) of eager greedy DFlash with this draft on `prompts`."""
-    rounds = emitted = 0
     with torch.no_grad():
-        for ids in prompts:
-            out = generate_dflash(target, draft, ids, config.max_new_tokens, eos, target.max_seq_len, 64,
-                                  config.block_size, mask_token_id)
-            rounds += len(out.rounds)
-            emitted += sum(r.emitted for r in out.rounds)
-    return emitted / max(rounds, 1)
+        return pooled_tau([generate_dflash(target, draft, ids, config.max_new_tokens, eos, target.max_seq_len, 64,
+                                           config.block_size, mask_token_id) for ids in prompts])
 
 
 def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print) -> dict:
@@ -175,7 +170,7 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print)
     target = load_target(target_dir, layer_ids, config.max_seq_len)
     draft_cfg, draft = new_draft(target_dir, target, config)
     mask_id = draft_cfg["dflash_config"]["mask_token_id"]
-    eos = set(json.loads((target_dir / "generation_config.json").read_text()).get("eos_token_id", []))
+    eos = set(eos_ids(target_dir))
 
     tok = tokenizer(target_dir)
     n = config.num_prompts + config.heldout

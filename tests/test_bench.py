@@ -52,3 +52,9 @@ def test_prompts_from_a_dataset(tmp_path, monkeypatch):
 def test_builtin_prompts_cover_categories():
     rows = load_prompts("builtin", 9)
     assert [r["category"] for r in rows] == ["math", "code", "chat"] * 3
+
+
+def test_bench_without_prompts_fails_before_loading_anything(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="bench.prompts=.*empty.jsonl' has no prompts"):
+        run_bench(tmp_path / "no-programs", tmp_path, 8, BenchConfig(prompts=str(tmp_path / "empty.jsonl")))

@@ -175,3 +175,12 @@ def test_unreadable_config(pair, tmp_path):
     src = copy(pair[0], tmp_path / "src")
     (src / "config.json").write_text("{not json")
     assert_refused("config.json: cannot be read as a model config", "target", src, tmp_path / "t")
+
+
+def test_draft_without_mask_token(pair, tmp_path):
+    src = copy(pair[1], tmp_path / "src")
+    config = json.loads((src / "config.json").read_text())
+    del config["dflash_config"]["mask_token_id"]
+    (src / "config.json").write_text(json.dumps(config))
+    assert_refused("no dflash_config.mask_token_id: not a DFlash draft checkpoint", "draft", src, tmp_path / "d",
+                   target_dir=pair[0])

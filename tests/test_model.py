@@ -181,3 +181,18 @@ def test_pair_mismatch_is_a_clear_error(pair, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"does not fit target .*target_layer_ids \[7\]"):
         load_pair(pair[0], bad, 64)
+
+
+def test_loading_is_strict_without_the_fetch_checks(pair, tmp_path):
+    """load_target itself refuses incomplete weights, for callers that skip checkpoint.check_target."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "target"
+    shutil.copytree(pair[0], bad)
+    weights = load_file(bad / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"weights do not match its config.json \(missing: norm.weight\)"):
+        load_target(bad, [1, 3], 32)

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from dflash_et.corpus import samples
+from dflash_et.threads import all_cores
 
 SEED = 0
 VOCAB_SIZE = 2048  # embedding rows; like Qwen3, more than the tokenizer has
@@ -92,6 +93,7 @@ def write_target(out: Path, trained: bool = True) -> None:
 TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2)
 
 
+@all_cores()
 def train_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast) -> None:
     """Next-token training on corpus chats, each rendered exactly as a generation prompt plus reply."""
     from tqdm import tqdm

@@ -27,6 +27,7 @@ from dflash_et.files import write_csv, write_json
 from dflash_et.generate import generate_ar, generate_dflash, pooled_tau
 from dflash_et.model import Draft, Target, apply_rope, build_draft, eos_ids, load_target
 from dflash_et.prompts import builtin_prompts, encode_chat, load_prompts, tokenizer
+from dflash_et.threads import all_cores
 
 TRAIN_PROMPT_SEED = 4321
 
@@ -156,6 +157,7 @@ def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[
                                            config.block_size, mask_token_id) for ids in prompts])
 
 
+@all_cores()
 def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print) -> dict:
     """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with
     `train_draft.json` (held-out tau before/after) and `train_loss.csv`. Returns the report."""

@@ -24,9 +24,9 @@ class BenchConfig:
     """The `bench` section of params.yaml."""
 
     prompts: str = "builtin"    # builtin | path to a JSONL file ({"prompt": ..., "category": ...} per line)
-    num_prompts: int = 9
+    num_prompts: int = 30
     max_new_tokens: int = 64
-    repeats: int = 1
+    repeats: int = 3
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
     latency_repeats: int = 5    # target calls timed per T for the latency curve
 

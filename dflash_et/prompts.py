@@ -10,9 +10,10 @@ from dflash_et.corpus import samples
 PROMPT_SEED = 1234  # not the corpus seed the built-in models are made from
 
 
-def builtin_prompts(n: int, seed: int = PROMPT_SEED) -> list[dict]:
-    """`n` prompts written for this project, cycling through the math, code and chat categories."""
-    return [{"category": c, "prompt": p} for c, p, _ in samples(n, seed=seed)]
+def builtin_prompts(n: int, seed: int = PROMPT_SEED, split: str = "eval") -> list[dict]:
+    """`n` prompts written for this project, cycling through the math, code and chat categories.
+    Measurements use `eval` prompts, which no draft trains on (see corpus.split_of)."""
+    return [{"category": c, "prompt": p} for c, p, _ in samples(n, seed=seed, split=split)]
 
 
 # Benchmark sets on the Hugging Face hub, by short name: (dataset, config, split).

@@ -36,16 +36,16 @@ TRAIN_PROMPT_SEED = 4321
 class TrainConfig:
     """The `train_draft` section of params.yaml."""
 
-    steps: int = 300
+    steps: int = 2000
     lr: float = 1e-3
     batch: int = 4                # sequences per step (per rank)
     block_size: int = 16
-    anchors: int = 8              # anchors sampled per sequence
+    anchors: int = 16             # anchors sampled per sequence
     gamma: float = 7.0
     num_layers: int = 2
     prompts: str = "builtin"      # builtin | a JSONL file (see prompts.load_prompts)
-    num_prompts: int = 48
-    heldout: int = 6              # prompts kept out of training, for the acceptance estimate
+    num_prompts: int = 768
+    heldout: int = 12             # prompts kept out of training, for the acceptance estimate
     max_new_tokens: int = 48
     max_seq_len: int = 512
     seed: int = 0
@@ -157,6 +157,16 @@ def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[
                                            config.block_size, mask_token_id) for ids in prompts])
 
 
+def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """(held-out rows, training rows). Built-in prompts: training from the `train` split only and
+    held-out from `eval`, the split validate and bench measure; a file: its first rows held out."""
+    if config.prompts == "builtin":
+        return (builtin_prompts(config.heldout, seed=TRAIN_PROMPT_SEED, split="eval"),
+                builtin_prompts(config.num_prompts, seed=TRAIN_PROMPT_SEED, split="train"))
+    rows = load_prompts(config.prompts, config.num_prompts + config.heldout)
+    return rows[:config.heldout], rows[config.heldout:]
+
+
 @all_cores()
 def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print) -> dict:
     """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with
@@ -175,11 +185,9 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print)
     eos = set(eos_ids(target_dir))
 
     tok = tokenizer(target_dir)
-    n = config.num_prompts + config.heldout
-    # Not the bench's and validate's built-in prompts: those measure the draft, so it never trains on them.
-    rows = builtin_prompts(n, seed=TRAIN_PROMPT_SEED) if config.prompts == "builtin" else load_prompts(config.prompts, n)
-    prompts = [encode_chat(tok, r["prompt"]) for r in rows]
-    train_prompts, heldout = prompts[config.heldout:], prompts[:config.heldout]
+    heldout_rows, train_rows = training_prompts(config)
+    heldout = [encode_chat(tok, r["prompt"]) for r in heldout_rows]
+    train_prompts = [encode_chat(tok, r["prompt"]) for r in train_rows]
     t0 = time.perf_counter()
     data = target_sequences(target, train_prompts, config.max_new_tokens, eos)
     log(f"[train_draft] {len(data)} target responses in {time.perf_counter() - t0:.0f} s")

@@ -24,8 +24,12 @@ ARGS = [("a", "b"), ("x", "y"), ("m", "n"), ("left", "right")]
 TOPICS = ["the weather", "a good book", "cooking rice", "learning to swim", "the night sky",
           "a trip to the sea", "planting tomatoes", "fixing a bike", "baking bread", "running a mile",
           "keeping a diary", "painting a room", "learning chess", "saving money", "walking a dog",
-          "making tea"]
-ASKS = ["Can you give me a tip about {}?", "Any advice on {}?", "What should I know about {}?"]
+          "making tea", "moving house", "a job interview", "learning to draw", "camping in the rain",
+          "growing herbs", "writing a letter", "a long flight", "sleeping well", "learning a song",
+          "cleaning the kitchen", "a first day at school", "feeding a cat", "riding a horse",
+          "building a shelf", "reading maps", "a rainy weekend"]
+ASKS = ["Can you give me a tip about {}?", "Any advice on {}?", "What should I know about {}?",
+        "I need help with {}. Any ideas?", "How do I get better at {}?"]
 ADVICE = ["Start small and practise a little every day.", "Ask a friend who has done it before.",
           "Write down what worked and what did not.", "Take a short break, then try again.",
           "Keep it simple and be patient."]

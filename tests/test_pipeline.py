@@ -82,3 +82,11 @@ def test_block_size_experiment_reruns_only_bench(project):
     assert '"block_size": 8' in (project / "artifacts/reports/bench.json").read_text()
     table = sh(project, "dvc", "exp", "show", "--md")
     assert "block_size" in table and "tau" in table
+
+
+def test_a_changed_target_refetches_or_retrains_the_draft():
+    """A trained draft (model.draft: train) belongs to the target's weights, not only its config:
+    retraining the target with the same shape must retrain the draft too."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert "artifacts/weights/target" in stages["fetch_draft"]["deps"]
+    assert {"dflash_et/train.py", "dflash_et/corpus.py", "dflash_et/prompts.py"} <= set(stages["fetch_draft"]["deps"])

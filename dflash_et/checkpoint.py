@@ -8,6 +8,7 @@ every check, so a failed fetch leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,8 +24,8 @@ from dflash_et.files import staged_dir
 if TYPE_CHECKING:
     from dflash_et.train import TrainConfig
 from dflash_et.model import (DRAFT_BORROWED, CheckpointError, Draft, DraftSettings, ModelArgs, Target, build_draft,
-                             build_target, check_weights, draft_settings, load_config, load_draft, load_target,
-                             target_state_dict, weight_files)
+                             build_target, check_weights, checkpoint_id, draft_settings, load_config, load_draft,
+                             load_target, target_state_dict, weight_files)
 
 BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
 BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
@@ -167,6 +168,12 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
     with torch.device("meta"):
         model = build_draft(draft, t, 1)
     check_weights(name, model, shapes, DRAFT_BORROWED)
+    report = draft_dir / "train_draft.json"  # written by train_draft: which target the draft learned
+    trained_for = json.loads(report.read_text()).get("target_checkpoint_id") if report.is_file() else None
+    if trained_for is not None and trained_for != checkpoint_id(target_dir):
+        raise CheckpointError(f"{name} was trained for another target than {target_dir} (see its train_draft.json) "
+                              "and would accept little; retrain it for this target (model.draft: train), or delete "
+                              "its train_draft.json to use it anyway")
 
 
 def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int) -> tuple[Target, Draft, DraftSettings]:

@@ -5,7 +5,6 @@ runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(
 max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps.
 """
 
-import hashlib
 import os
 import shutil
 import json
@@ -17,7 +16,7 @@ import torch
 from torch.export import Dim, export
 
 from dflash_et.mlx_backend import ensure_mlx_backend
-from dflash_et.model import Attention, CheckpointError, Draft, DraftSettings, Target, eos_ids, weight_files
+from dflash_et.model import Attention, CheckpointError, Draft, DraftSettings, Target, checkpoint_id, eos_ids
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
@@ -71,17 +70,6 @@ class ExportConfig:
                               f"set export.dtype=fp32 (not {self.dtype})")
         if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
             raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
-
-
-def checkpoint_id(ckpt: Path) -> int:
-    """A fingerprint of a checkpoint's config and weights, stored in the programs to catch mixed-up files."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update((ckpt / "config.json").read_bytes())
-    for f in weight_files(ckpt):
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                h.update(chunk)
-    return int.from_bytes(h.digest(), "little") >> 2  # fits an int64 constant method
 
 
 def quantize(model: torch.nn.Module, config: ExportConfig) -> None:

@@ -15,6 +15,7 @@ K/V are written right after them and attended without a causal mask. The next ca
 overwrites those block entries. Positions in `input_pos` must be consecutive.
 """
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,6 +252,18 @@ def weight_files(ckpt: Path) -> list[Path]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [ckpt / s for s in shards]
     return sorted(ckpt.glob("*.safetensors"))
+
+
+def checkpoint_id(ckpt: Path) -> int:
+    """A fingerprint of a checkpoint's config and weights, stored in the programs and in a trained
+    draft's train_draft.json to catch mixed-up files."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update((ckpt / "config.json").read_bytes())
+    for f in weight_files(ckpt):
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return int.from_bytes(h.digest(), "little") >> 2  # fits an int64 constant method
 
 
 def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from dflash_et import builtin
 from dflash_et.files import write_csv, write_json
 from dflash_et.generate import generate_ar, generate_dflash, pooled_tau
-from dflash_et.model import Draft, Target, apply_rope, build_draft, eos_ids, load_target
+from dflash_et.model import Draft, Target, apply_rope, build_draft, checkpoint_id, eos_ids, load_target
 from dflash_et.prompts import builtin_prompts, encode_chat, load_prompts, tokenizer
 from dflash_et.threads import all_cores
 
@@ -223,7 +223,8 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print)
 
     tau_after = acceptance(target, draft, heldout, eos, config, mask_id)
     report = {"steps": config.steps, "final_loss": losses[-1], "heldout_tau_untrained": tau_before,
-              "heldout_tau": tau_after, "train_sequences": len(data), "seconds": time.perf_counter() - t0,
+              "heldout_tau": tau_after, "target_checkpoint_id": checkpoint_id(target_dir),
+              "train_sequences": len(data), "seconds": time.perf_counter() - t0,
               "config": asdict(config), "loss_curve": [{"step": i, "loss": v} for i, v in enumerate(losses)]}
     if rank == 0:  # the checkpoint carries its own training report
         builtin.save_draft(out_dir, draft_cfg, draft.state_dict())

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 from dflash_et.checkpoint import load_pair
-from dflash_et.export import DTYPES, ExportConfig, checkpoint_id, quantize
+from dflash_et.export import DTYPES, ExportConfig, quantize
 from dflash_et.generate import generate_ar, generate_dflash
+from dflash_et.model import checkpoint_id
 from dflash_et.programs import ProgramError, load_programs
 from dflash_et.prompts import builtin_prompts, encode_chat, tokenizer
 

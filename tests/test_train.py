@@ -2,11 +2,13 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from dflash_et.checkpoint import check_pair, fetch, load_pair
+from dflash_et.model import CheckpointError
 from dflash_et.train import (Sequence, TrainConfig, block_attention_mask, block_loss, loss_weights, new_draft,
                              training_logits)
 
@@ -80,7 +82,14 @@ def test_short_training_raises_heldout_acceptance_and_round_trips(pair, tmp_path
     assert curve[0] == "step,loss" and len(curve) == 81
     assert float(curve[-1].split(",")[1]) < float(curve[1].split(",")[1])
     check_pair(pair[0], tmp_path / "draft")  # z-lab layout, fits the target
+    other = tmp_path / "other-target"  # same shapes, another checkpoint (here: one more config key)
+    shutil.copytree(pair[0], other)
+    (other / "config.json").write_text(json.dumps({**json.loads((other / "config.json").read_text()), "note": "ft"}))
+    with pytest.raises(CheckpointError, match="was trained for another target than .*other-target.*retrain it"):
+        check_pair(other, tmp_path / "draft")
     saved = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert saved["block_size"] == 8 and saved["architectures"] == ["DFlashDraftModel"]
     target, draft, settings = load_pair(pair[0], tmp_path / "draft", max_seq_len=256)
     assert settings.block_size == 8
+    (tmp_path / "draft" / "train_draft.json").unlink()  # the way out the error names
+    check_pair(other, tmp_path / "draft")

@@ -7,16 +7,18 @@ export DVC_NO_ANALYTICS := 1
 .PHONY: setup repro test
 setup: $(VENV)/.installed
 
-# dflash (z-lab's reference, a test oracle only) hard-pins versions that clash with ours: no deps.
-# It also installs a `dflash` console script, so it goes first and ours replaces it.
+# Test oracles (z-lab's `dflash` reference) live outside the runtime environment, in their own
+# folder that only the tests put on sys.path: its hard pins would clash with ours, and its `dflash`
+# console script would shadow the project's. -qq: quiet except for real errors.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --no-deps dflash==0.1.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install -qq -e '.[test]'
+	$(BIN)/pip install -qq --no-deps --target $(VENV)/oracles dflash==0.1.0
 	touch $@
 
 repro: setup
 	dvc repro
 
+# one worker per core: most of the suite's time is lowering programs, which is single-threaded Python
 test: setup
-	pytest
+	pytest -n auto --dist loadfile

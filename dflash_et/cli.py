@@ -5,9 +5,9 @@ import json
 import sys
 from pathlib import Path
 
-from dflash_et.engine import Engine
-from dflash_et.model import CheckpointError
-from dflash_et.prompts import encode_chat, tokenizer
+from dflash_et.runtime.engine import Engine
+from dflash_et.errors import UserError
+from dflash_et.data.prompts import encode_chat, tokenizer
 
 
 def parser() -> argparse.ArgumentParser:
@@ -19,8 +19,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True, help="the user message")
     g.add_argument("--programs", type=Path, default=Path("artifacts/programs"),
                    help="directory with target.pte, draft.pte (and shared.ptd) (default: %(default)s)")
-    g.add_argument("--tokenizer", type=Path, default=Path("artifacts/weights/target"),
-                   help="directory with the target's tokenizer files (default: %(default)s)")
+    g.add_argument("--tokenizer", type=Path, default=None,
+                   help="directory with the target's tokenizer files (default: the programs directory)")
     g.add_argument("--ar", action="store_true", help="plain autoregressive decoding with target.pte (the baseline)")
     g.add_argument("--block-size", type=int, default=None,
                    help="DFlash block: last token + proposals (default: the largest draft.pte supports)")
@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
 
 def generate(args: argparse.Namespace) -> None:
     engine = Engine(args.programs)
-    tok = tokenizer(args.tokenizer)
+    tok = tokenizer(args.tokenizer or args.programs)
     prompt = encode_chat(tok, args.prompt)
     emitted: list[int] = []
     shown = ""
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         generate(args)
-    except (CheckpointError, ValueError, OSError) as e:
+    except (UserError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
 
 

@@ -1,4 +1,7 @@
-"""What every stage command shares: paths, params.yaml, and turning known failures into one line."""
+"""What every stage command shares: params.yaml, and turning known failures into one line.
+
+Paths are not here: dvc.yaml declares them once and passes them to each command.
+"""
 
 import sys
 from collections.abc import Callable
@@ -6,22 +9,17 @@ from pathlib import Path
 
 import yaml
 
-from dflash_et.model import CheckpointError
-
 PARAMS = Path("params.yaml")
-WEIGHTS = Path("artifacts/weights")
-BUILD = Path("artifacts/build")
-PROGRAMS = Path("artifacts/programs")
-REPORTS = Path("artifacts/reports")
 
 
 def params() -> dict:
     return yaml.safe_load(PARAMS.read_text())
 
 
-def run(main: Callable[[], None]) -> None:
-    """Run a stage; a user error becomes `error: ...` on stderr and exit status 1, not a traceback."""
+def run(main: Callable[[list[str]], None]) -> None:
+    """Run a stage on its command-line arguments; a user error becomes `error: ...` on stderr and exit
+    status 1, not a traceback."""
     try:
-        main()
-    except (CheckpointError, ValueError) as e:
+        main(sys.argv[1:])
+    except ValueError as e:  # UserError and the library's own ValueErrors
         sys.exit(f"error: {e}")

@@ -1,16 +1,14 @@
-"""fetch stage: `python -m stages.fetch target|draft` puts the checkpoint named in params.yaml in artifacts/weights/."""
+"""fetch_target stage: `python -m stages.fetch OUT` puts the checkpoint named by model.target at OUT."""
 
-import sys
+from pathlib import Path
 
-from dflash_et.checkpoint import fetch
-from dflash_et.train import TrainConfig
-from stages.common import WEIGHTS, params, run
+from dflash_et.checkpoints.fetch import fetch
+from stages.common import params, run
 
 
-def main() -> None:
-    role, p = sys.argv[1], params()
-    fetch(role, str(p["model"][role]), WEIGHTS / role, target_dir=WEIGHTS / "target",
-          train=TrainConfig(**p.get("train_draft", {})))
+def main(argv: list[str]) -> None:
+    (out,) = argv
+    fetch("target", str(params()["model"]["target"]), Path(out))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
-"""validate stage: artifacts/reports/validate.json (a DVC metric); fails when any check does."""
+"""validate stage: `python -m stages.validate PROGRAMS TARGET_DIR DRAFT_DIR REPORT` writes the report
+(a DVC metric) and fails when any check does."""
 
 import sys
+from pathlib import Path
 
 from dflash_et.files import write_json
-from dflash_et.validate import ValidateConfig, validate
-from stages.common import PROGRAMS, REPORTS, WEIGHTS, params, run
+from dflash_et.reports.validate import ValidateConfig, validate
+from stages.common import params, run
 
 
-def main() -> None:
-    report = validate(PROGRAMS, WEIGHTS / "target", WEIGHTS / "draft", ValidateConfig.from_params(params()["validate"]))
-    write_json(REPORTS / "validate.json", report)
+def main(argv: list[str]) -> None:
+    programs, target_dir, draft_dir, report_path = map(Path, argv)
+    report = validate(programs, target_dir, draft_dir, ValidateConfig.from_params(params()["validate"]))
+    write_json(report_path, report)
     print(f"[validate] lossless={report['lossless']} ({report['lossless_fraction']:.0%} of runs) target_rel_err={report['target_rel_err']:.2e} "
           f"draft_rel_err={report['draft_rel_err']:.2e} token_agreement={report['token_agreement']:.4f}")
     if report["divergence"] and not report["failures"]:

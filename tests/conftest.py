@@ -1,23 +1,85 @@
 """Shared fixtures. Anything slow (generating the pair, loading models, lowering) happens once per session."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from dflash_et.checkpoint import fetch
+from dflash_et.checkpoints.fetch import fetch
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 REPO = Path(__file__).resolve().parents[1]
+# Test oracles (z-lab's `dflash`) are installed outside the runtime environment (see the Makefile).
+sys.path.append(str(REPO / ".venv" / "oracles"))
 
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory) -> tuple[Path, Path]:
     """The built-in (target, draft) checkpoint directories with random weights, fetched as the pipeline does."""
-    root = tmp_path_factory.mktemp("weights")
-    fetch("target", "builtin-random", root / "target")
-    fetch("draft", "builtin", root / "draft", target_dir=root / "target")
+
+    def build(root: Path) -> None:
+        fetch("target", "builtin-random", root / "target")
+        fetch("draft", "builtin", root / "draft", target_dir=root / "target")
+
+    root = built_once(tmp_path_factory, "random-pair", build)
     return root / "target", root / "draft"
+
+
+# A target small enough to train in seconds, and a draft trained for it: DFlash through the programs then
+# accepts several proposals per round (a random draft accepts almost none, and random weights hide bugs
+# such as identical norms in both programs).
+SMALL_TARGET = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=24)
+SMALL_TARGET_TRAINING = dict(steps=300, batch=16, samples=2000)
+SMALL_DRAFT_TRAINING = dict(steps=500, num_prompts=96, heldout=6, max_new_tokens=40, block_size=8, anchors=8, batch=4,
+                            max_seq_len=256, lr=3e-3, num_layers=1)
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(dir)` once per test run, even when pytest-xdist runs several workers: the first worker
+    builds under a file lock in the run's shared temp directory, the others reuse it."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by this run's workers
+    out = root / f"shared-{name}"
+    with FileLock(str(out) + ".lock"):
+        if not (out / ".done").exists():
+            build(out)
+            (out / ".done").touch()
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target, draft) directories of a small trained target and a draft trained for it, fetched as the pipeline does."""
+    from functools import partial
+
+    from dflash_et.checkpoints import builtin
+    from dflash_et.training.train import TrainConfig, train_draft
+
+    def build(root: Path) -> None:
+        builtin.write_target(root / "source", shape=SMALL_TARGET, training=SMALL_TARGET_TRAINING)
+        fetch("target", str(root / "source"), root / "target")
+        fetch("draft", "train", root / "draft", target_dir=root / "target",
+              train=partial(train_draft, config=TrainConfig(**SMALL_DRAFT_TRAINING)))
+
+    root = built_once(tmp_path_factory, "trained-pair", build)
+    return root / "target", root / "draft"
+
+
+def checkpoint_facts(pair: tuple[Path, Path]) -> dict:
+    """What a pair's own files say the programs must report: tests read these instead of repeating constants."""
+    import json
+
+    target = json.loads((pair[0] / "config.json").read_text())
+    draft = json.loads((pair[1] / "config.json").read_text())
+    eos = json.loads((pair[0] / "generation_config.json").read_text())["eos_token_id"]
+    return {"vocab_size": target["vocab_size"], "hidden_size": target["hidden_size"], "eos_ids": sorted(eos),
+            "mask_token_id": draft["dflash_config"]["mask_token_id"], "block_size": draft["block_size"],
+            "target_layer_ids": draft["dflash_config"]["target_layer_ids"]}
 
 
 def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides) -> Path:
@@ -35,7 +97,8 @@ def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides)
 
 
 # (family, overrides, sharded): GQA, MHA, MQA, tied and untied heads, head_dim != hidden/heads,
-# biases, and Llama-3.1 rope scaling that actually bends frequencies at these lengths.
+# biases, Llama-3.1 rope scaling that actually bends frequencies at these lengths, and sliding-window
+# layers (a window shorter than the test's calls).
 TARGET_CONFIGS = {
     "qwen3-gqa-headdim": ("qwen3", dict(head_dim=32, tie_word_embeddings=False), False),
     "qwen3-tied-mha": ("qwen3", dict(num_key_value_heads=4, tie_word_embeddings=True), False),
@@ -44,28 +107,60 @@ TARGET_CONFIGS = {
         original_max_position_embeddings=16)), True),
     "llama-bias-headdim": ("llama", dict(head_dim=24, attention_bias=True, mlp_bias=True,
                                          tie_word_embeddings=False), False),
+    "qwen3-sliding-window": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=2), False),
 }
+
+
+MAX_SEQ_LEN, PREFILL_CHUNK = 128, 16  # the test programs' export settings
+
+
+LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                  *(f"<|reserved_special_token_{i}|>" for i in range(4))]
+LLAMA_TEMPLATE = ("{%- for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}"
+                  "<|eot_id|>{%- endfor %}{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>"
+                  "\n\n{%- endif %}")
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def chat_checkpoint(path: Path, family: str) -> Path:
+    """A local checkpoint laid out as the real ones are, whose tokenizer has no mask token (as no real Qwen3,
+    Llama or Gemma tokenizer has): Qwen3's has fewer tokens than embedding rows, Llama 3's fills every row
+    and reserves special tokens."""
+    from dflash_et.checkpoints import builtin
+
+    if family == "qwen3":
+        tok = builtin.build_tokenizer(QWEN3_SPECIALS, "<|im_end|>", "<|endoftext|>", vocab_size=600)
+        vocab, eos = 640, ["<|im_end|>", "<|endoftext|>"]
+    else:
+        tok = builtin.build_tokenizer(LLAMA_SPECIALS, "<|eot_id|>", "<|end_of_text|>", LLAMA_TEMPLATE, vocab_size=600)
+        vocab, eos = len(tok), ["<|eot_id|>", "<|end_of_text|>"]
+    eos_ids = [tok.convert_tokens_to_ids(t) for t in eos]
+    random_checkpoint(path, family, vocab_size=vocab, eos_token_id=eos_ids, bos_token_id=eos_ids[1])
+    tok.save_pretrained(path)
+    return path
 
 
 def build_programs(pair, out: Path, **export_params) -> Path:
     """Export both programs and package them into `out`, as the pipeline's stages do."""
-    from dflash_et.export import PROGRAM_KINDS, ExportConfig, export_program, package
+    from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program
+    from dflash_et.export.package import package
 
-    config = ExportConfig.from_params({"max_seq_len": 128, "prefill_chunk": 16, **export_params})
+    config = ExportConfig.from_params({"max_seq_len": MAX_SEQ_LEN, "prefill_chunk": PREFILL_CHUNK, **export_params})
     for kind in PROGRAM_KINDS:
         export_program(kind, *pair, config, out / "build" / kind)
-    (out / "programs").mkdir()
-    package([out / "build" / kind for kind in PROGRAM_KINDS], out / "programs")
+    (out / "programs").mkdir(parents=True)
+    package([out / "build" / kind for kind in PROGRAM_KINDS], out / "programs", pair[0])
     return out / "programs"
 
 
 @pytest.fixture(scope="session")
-def programs(pair, tmp_path_factory) -> Path:
-    """fp32 XNNPACK programs of the built-in pair, lowered once per session."""
-    return build_programs(pair, tmp_path_factory.mktemp("xnnpack"))
+def programs(trained_pair, tmp_path_factory) -> Path:
+    """fp32 XNNPACK programs of the trained pair, lowered once per test run."""
+    return built_once(tmp_path_factory, "xnnpack", lambda out: build_programs(trained_pair, out)) / "programs"
 
 
 @pytest.fixture(scope="session")
-def shared_programs(pair, tmp_path_factory) -> Path:
+def shared_programs(trained_pair, tmp_path_factory) -> Path:
     """The same with export.shared_weights: both .pte files read one shared.ptd."""
-    return build_programs(pair, tmp_path_factory.mktemp("shared"), shared_weights=True)
+    return built_once(tmp_path_factory, "shared", lambda out: build_programs(trained_pair, out, shared_weights=True)) \
+        / "programs"

@@ -4,18 +4,18 @@ import json
 
 import pytest
 
-from dflash_et.bench import BenchConfig, run_bench
-from dflash_et.prompts import load_prompts
+from dflash_et.reports.bench import BenchConfig, run_bench
+from dflash_et.data.prompts import load_prompts
 
 
-def test_bench_metrics_and_plots(programs, pair):
-    metrics, plots = run_bench(programs, pair[0], 8, BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1))
+def test_bench_metrics_and_plots(programs):
+    metrics, plots = run_bench(programs, 8, BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1))
     for key in ("tau", "speedup", "ar_tokens_per_s", "dflash_tokens_per_s", "block_size", "draft_ms_per_round",
                 "verify_ms_per_round", "host_ms_per_round", "verify_cost_ratio", "acceptance_histogram"):
         assert key in metrics
     assert metrics["block_size"] == 8 and metrics["lossless"] is True and metrics["prompts"] == 3
     assert sum(metrics["acceptance_histogram"].values()) == metrics["rounds"] > 0
-    assert metrics["tau"] >= 1.0 and metrics["speedup"] > 0
+    assert metrics["tau"] > 1.5 and metrics["speedup"] > 0  # the trained draft's proposals are accepted
     assert set(metrics["tau_by_category"]) == {"math", "code", "chat"}
     assert [r["tokens"] for r in plots["target_latency"]] == list(range(1, 9))
     assert len(plots["acceptance"]) == 8
@@ -37,7 +37,7 @@ def test_prompts_from_jsonl(tmp_path):
 
 def test_prompts_from_a_dataset(tmp_path, monkeypatch):
     """Datasets load through `datasets.load_dataset`; a local directory stands in for the hub here."""
-    from dflash_et import prompts
+    from dflash_et.data import prompts
 
     data = tmp_path / "gsm8k-like"
     data.mkdir()
@@ -57,4 +57,4 @@ def test_builtin_prompts_cover_categories():
 def test_bench_without_prompts_fails_before_loading_anything(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="bench.prompts=.*empty.jsonl' has no prompts"):
-        run_bench(tmp_path / "no-programs", tmp_path, 8, BenchConfig(prompts=str(tmp_path / "empty.jsonl")))
+        run_bench(tmp_path / "no-programs", 8, BenchConfig(prompts=str(tmp_path / "empty.jsonl")))

@@ -7,19 +7,24 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-from dflash_et import builtin
+from dflash_et.checkpoints import builtin
 
 
 def files(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.name != "fingerprint.json"}
 
 
 def test_same_bytes_twice(pair, tmp_path):
+    """Made again, the pair is byte-identical; fetching stored the fingerprint of exactly those bytes."""
+    from dflash_et.checkpoints.load import compute_checkpoint_id
+
     target, draft = pair
     builtin.write_target(tmp_path / "t", trained=False)
     builtin.write_draft(tmp_path / "d", tmp_path / "t")
     assert files(tmp_path / "t") == files(target)
     assert files(tmp_path / "d") == files(draft)
+    for fetched, made in ((target, tmp_path / "t"), (draft, tmp_path / "d")):
+        assert json.loads((fetched / "fingerprint.json").read_text())["checkpoint_id"] == compute_checkpoint_id(made)
 
 
 def test_target_loads_with_transformers(pair):
@@ -66,22 +71,22 @@ def test_draft_matches_zlab_layout(pair):
 def test_default_layer_ids_match_zlab():
     from dflash.model import build_target_layer_ids
 
+    from dflash_et.checkpoints.zlab import default_target_layer_ids
+
     for n, l in [(36, 5), (28, 5), (6, 2), (32, 1), (40, 8)]:
-        assert builtin.default_target_layer_ids(n, l) == build_target_layer_ids(n, l)
+        assert default_target_layer_ids(n, l) == build_target_layer_ids(n, l)
 
 
-def test_target_training_lowers_the_loss(monkeypatch):
+def test_target_training_lowers_the_loss():
     """The built-in target's training step (the full run takes minutes; here three steps)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    monkeypatch.setitem(builtin.TARGET_TRAINING, "steps", 3)
-    monkeypatch.setitem(builtin.TARGET_TRAINING, "samples", 64)
     tok = builtin.build_tokenizer()
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=builtin.VOCAB_SIZE, **{**builtin.TARGET_SHAPE, "num_hidden_layers": 2}))
     chat = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSure!<|im_end|>\n")
     ids = torch.tensor([chat])
     before = model(input_ids=ids, labels=ids).loss.item()
-    builtin.train_target(model, tok)
+    builtin.train_target(model, tok, {**builtin.TARGET_TRAINING, "steps": 3, "samples": 64})
     assert not model.training
     assert model(input_ids=ids, labels=ids).loss.item() < before

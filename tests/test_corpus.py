@@ -2,9 +2,9 @@
 
 import pytest
 
-from dflash_et.corpus import CATEGORIES, samples, split_of
-from dflash_et.prompts import builtin_prompts
-from dflash_et.train import TrainConfig, training_prompts
+from dflash_et.data.corpus import CATEGORIES, samples, split_of
+from dflash_et.data.prompts import builtin_prompts
+from dflash_et.training.train import TrainConfig, training_prompts
 
 
 def test_samples_are_seeded():

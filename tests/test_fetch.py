@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from dflash_et.checkpoint import fetch
-from dflash_et.model import CheckpointError
+from dflash_et.checkpoints.fetch import fetch
+from dflash_et.errors import CheckpointError
 from tests.conftest import REPO
 
 
@@ -147,7 +147,7 @@ def test_draft_that_does_not_fit_its_target(pair, tmp_path, changes, message):
 def test_stage_prints_one_line_and_fails(tmp_path):
     (tmp_path / "params.yaml").write_text("block_size: 16\nmodel: {target: /nonexistent/ckpt, draft: builtin}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "stages.fetch", "target"], cwd=tmp_path, env=env,
+    r = subprocess.run([sys.executable, "-m", "stages.fetch", "artifacts/weights/target"], cwd=tmp_path, env=env,
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1] == (

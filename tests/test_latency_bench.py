@@ -15,9 +15,9 @@ import time
 import pytest
 import torch
 
-from dflash_et import builtin
-from dflash_et.export import ExportConfig, export_program
-from dflash_et.programs import DraftProgram, TargetProgram
+from dflash_et.checkpoints import builtin
+from dflash_et.export.lower import ExportConfig, export_program
+from dflash_et.runtime.programs import DraftProgram, TargetProgram
 
 
 def realistic_pair(root, pair):

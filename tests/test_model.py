@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from dflash_et.checkpoint import load_pair
-from dflash_et.model import CheckpointError, load_config, load_target, read_weights
+from dflash_et.checkpoints.check import load_pair
+from dflash_et.checkpoints.load import load_config, load_target, read_weights
+from dflash_et.errors import CheckpointError
 from tests.conftest import TARGET_CONFIGS, random_checkpoint
 
 TAPS = [0, 2, 3]  # includes the last layer, whose transformers hidden state is after the final norm

@@ -1,95 +1,204 @@
-"""Training a draft: the objective's masking and weights, the checkpoint round trip, and that it learns."""
+"""Training a draft: the packed blocks' visibility and weights, the one draft definition in training
+and inference, the checkpoint round trip, the mask token choice, and that it learns."""
 
 import json
 import math
 import shutil
+from functools import partial
 
 import pytest
 import torch
 
-from dflash_et.checkpoint import check_pair, fetch, load_pair
-from dflash_et.model import CheckpointError
-from dflash_et.train import (Sequence, TrainConfig, block_attention_mask, block_loss, loss_weights, new_draft,
-                             training_logits)
+from dflash_et.checkpoints import zlab
+from dflash_et.checkpoints.check import check_pair, load_pair
+from dflash_et.checkpoints.fetch import fetch
+from dflash_et.errors import CheckpointError
+from dflash_et.training.train import Sequence, TrainConfig, batch_loss, loss_weights, new_draft, pack, train_draft
+
+BLOCK = 6
 
 
 @pytest.fixture(scope="module")
 def setup(pair):
     target, _, _ = load_pair(*pair, max_seq_len=128)
-    config = TrainConfig(num_layers=2, block_size=6, max_seq_len=128)
-    cfg, draft = new_draft(pair[0], target, config)
+    cfg, draft = new_draft(pair[0], target, TrainConfig(num_layers=2, block_size=BLOCK, max_seq_len=128))
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 2048, (40,), generator=g)
+    seqs = []
+    for length, prompt_len in ((40, 10), (25, 6)):
+        tokens = torch.randint(0, target.args.vocab_size, (length,), generator=g)
+        with torch.no_grad():
+            _, taps = target(tokens[None], torch.arange(length))
+        seqs.append(Sequence(tokens, taps[0], prompt_len))
+    return target, draft, cfg["dflash_config"]["mask_token_id"], seqs
+
+
+def test_packed_rows_see_their_own_sequence_before_the_anchor_and_their_own_block(setup):
+    _, _, mask_id, seqs = setup
+    anchors = [torch.tensor([3, 7]), torch.tensor([5])]
+    batch = pack(seqs, anchors, 4, mask_id, gamma=7.0)
+    ctx = len(seqs[0].tokens) + len(seqs[1].tokens)
+    assert batch.mask.shape == (12, ctx + 12) and batch.hidden.shape[1] == ctx
+    owners = [(0, 3), (0, 7), (1, 5)]
+    for r in range(12):
+        s, a = owners[r // 4]
+        sees = [(i == s and p < a) for i, seq in enumerate(seqs) for p in range(len(seq.tokens))]
+        assert batch.mask[r, :ctx].tolist() == sees
+        assert batch.mask[r, ctx:].tolist() == [k // 4 == r // 4 for k in range(12)]
+        assert int(batch.block_pos[r]) == a + r % 4
+        if r % 4 == 0:
+            assert int(batch.tokens[0, r]) == int(seqs[s].tokens[a]) and batch.labels[r] == -100
+        else:
+            assert batch.tokens[0, r] == mask_id and batch.labels[r] == seqs[s].tokens[a + r % 4]
+    assert batch.weights.tolist()[:4] == pytest.approx([0.0, *loss_weights(4, 7.0).tolist()])
+
+
+def test_rows_past_the_end_of_a_sequence_carry_no_loss(setup):
+    _, _, mask_id, seqs = setup
+    batch = pack(seqs[1:], [torch.tensor([23])], BLOCK, mask_id, gamma=7.0)  # only position 24 exists after it
+    assert batch.labels.tolist() == [-100, int(seqs[1].tokens[24])] + [-100] * (BLOCK - 2)
+    assert batch.weights.tolist() == [0.0, 1.0] + [0.0] * (BLOCK - 2)
+
+
+def test_training_call_is_the_inference_draft_one_anchor_at_a_time(setup):
+    """One `Draft.forward`: the packed, masked training call equals the cached inference call per anchor."""
+    _, draft, mask_id, seqs = setup
+    anchors = [torch.tensor([5, 11, 30]), torch.tensor([8, 20])]
+    batch = pack(seqs, anchors, BLOCK, mask_id, gamma=7.0)
     with torch.no_grad():
-        _, taps = target(tokens[None], torch.arange(40))
-    return target, draft, cfg, Sequence(tokens, taps[0], 10)
+        packed = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask)[0].view(-1, BLOCK,
+                                                                                                        draft.args.vocab_size)
+        rows = [(s, a) for s, a_s in enumerate(anchors) for a in a_s.tolist()]
+        for i, (s, a) in enumerate(rows):
+            block = torch.tensor([[int(seqs[s].tokens[a])] + [mask_id] * (BLOCK - 1)])
+            single = draft(block, seqs[s].taps[None, :a], torch.arange(a))
+            torch.testing.assert_close(packed[i, 1:], single[0], rtol=1e-4, atol=1e-4)
 
 
-def test_mask_sees_only_context_before_the_anchor_and_its_own_block():
-    anchors, block, ctx = torch.tensor([3, 7]), 4, 8
-    mask = block_attention_mask(ctx, anchors, block)
-    assert mask.shape == (8, 16)
-    for q in range(8):
-        i = q // block
-        assert mask[q, :ctx].tolist() == [k < anchors[i] for k in range(ctx)]
-        assert mask[q, ctx:].tolist() == [k // block == i for k in range(8)]
-
-
-def test_block_never_sees_taps_at_or_after_its_anchor(setup):
-    _, draft, cfg, seq = setup
-    mask_id = cfg["dflash_config"]["mask_token_id"]
-    anchors = torch.tensor([12, 25])
+def test_a_block_never_sees_taps_at_or_after_its_anchor(setup):
+    _, draft, mask_id, seqs = setup
+    anchors = [torch.tensor([12, 25])]
     with torch.no_grad():
-        before = training_logits(draft, seq, anchors, 6, mask_id)
-        changed = Sequence(seq.tokens, seq.taps.clone(), seq.prompt_len)
+        before = batch_loss(draft, pack(seqs[:1], anchors, BLOCK, mask_id, 7.0))
+        changed = Sequence(seqs[0].tokens, seqs[0].taps.clone(), seqs[0].prompt_len)
+        changed.taps[25:] += 10.0
+        assert batch_loss(draft, pack([changed], anchors, BLOCK, mask_id, 7.0)) == before
         changed.taps[12:] += 10.0
-        after = training_logits(draft, changed, anchors, 6, mask_id)
-    torch.testing.assert_close(after[0], before[0])  # anchor 12: taps 12.. are invisible
-    assert not torch.allclose(after[1], before[1])  # anchor 25 sees taps 12..24
+        assert batch_loss(draft, pack([changed], anchors, BLOCK, mask_id, 7.0)) != before
 
 
-def test_training_forward_equals_inference_forward(setup, pair):
-    """The batched training math is the cached inference draft, one anchor at a time."""
-    _, draft, cfg, seq = setup
-    mask_id = cfg["dflash_config"]["mask_token_id"]
-    anchors = torch.tensor([5, 11, 30])
-    with torch.no_grad():
-        batched = training_logits(draft, seq, anchors, 6, mask_id)
-        for i, a in enumerate(anchors.tolist()):
-            block = torch.tensor([[int(seq.tokens[a])] + [mask_id] * 5])
-            single = draft(block, seq.taps[None, :a], torch.arange(a))
-            torch.testing.assert_close(batched[i:i + 1], single, rtol=1e-4, atol=1e-5)
-
-
-def test_loss_weights_and_ignored_positions(setup):
+def test_loss_weights():
     w = loss_weights(16, 7.0)
     assert w.shape == (15,) and w[0] == 1.0 and math.isclose(w[7].item(), math.exp(-1.0), rel_tol=1e-6)
-    _, _, _, seq = setup
-    logits = torch.zeros(1, 5, 2048)
-    logits[0, :, 0] = 50.0  # confidently wrong everywhere ...
-    loss_end = block_loss(logits, seq, torch.tensor([38]), loss_weights(6, 7.0))  # only position 39 exists
-    logits[0, 0, 0], logits[0, 0, int(seq.tokens[39])] = 0.0, 50.0  # ... except the one real position
-    assert loss_end.item() > 40 and block_loss(logits, seq, torch.tensor([38]), loss_weights(6, 7.0)).item() < 1e-3
 
 
 def test_short_training_raises_heldout_acceptance_and_round_trips(pair, tmp_path):
     config = TrainConfig(steps=80, num_prompts=12, heldout=3, max_new_tokens=24, block_size=8, anchors=8, batch=4,
                          max_seq_len=256, lr=2e-3)
-    fetch("draft", "train", tmp_path / "draft", target_dir=pair[0], train=config)  # model.draft: train
+    fetch("draft", "train", tmp_path / "draft", target_dir=pair[0], train=partial(train_draft, config=config))
     report = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
     assert report["heldout_tau"] > report["heldout_tau_untrained"] + 0.5, report
+    assert "seconds" not in report  # the draft directory is a dependency: no clock values in it
     curve = (tmp_path / "draft" / "train_loss.csv").read_text().splitlines()
-    assert curve[0] == "step,loss" and len(curve) == 81
+    assert curve[0] == "step,loss" and len(curve) == config.steps + 1
     assert float(curve[-1].split(",")[1]) < float(curve[1].split(",")[1])
     check_pair(pair[0], tmp_path / "draft")  # z-lab layout, fits the target
     other = tmp_path / "other-target"  # same shapes, another checkpoint (here: one more config key)
     shutil.copytree(pair[0], other)
+    (other / "fingerprint.json").unlink()
     (other / "config.json").write_text(json.dumps({**json.loads((other / "config.json").read_text()), "note": "ft"}))
     with pytest.raises(CheckpointError, match="was trained for another target than .*other-target.*retrain it"):
         check_pair(other, tmp_path / "draft")
     saved = json.loads((tmp_path / "draft" / "config.json").read_text())
-    assert saved["block_size"] == 8 and saved["architectures"] == ["DFlashDraftModel"]
-    target, draft, settings = load_pair(pair[0], tmp_path / "draft", max_seq_len=256)
-    assert settings.block_size == 8
+    assert saved["block_size"] == config.block_size and saved["architectures"] == ["DFlashDraftModel"]
+    _, _, settings = load_pair(pair[0], tmp_path / "draft", max_seq_len=256)
+    assert settings.block_size == config.block_size
     (tmp_path / "draft" / "train_draft.json").unlink()  # the way out the error names
     check_pair(other, tmp_path / "draft")
+
+
+def test_fetching_draft_training_without_a_trainer_is_refused(pair, tmp_path):
+    with pytest.raises(CheckpointError, match="model.draft=train needs a trainer"):
+        fetch("draft", "train", tmp_path / "d", target_dir=pair[0])
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_mask_token_is_chosen_as_zlab_drafts_do(family, pair, tmp_path):
+    """Qwen3: the first embedding row past the tokenizer (z-lab's Qwen3 drafts); Llama 3: the first reserved
+    special token; a tokenizer with its own mask token (the built-in one): that token."""
+    from transformers import AutoTokenizer
+
+    from tests.conftest import chat_checkpoint
+
+    target = chat_checkpoint(tmp_path / family, family)
+    tok = AutoTokenizer.from_pretrained(target)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    chosen = zlab.choose_mask_token(target, vocab)
+    if family == "qwen3":
+        assert len(tok) < vocab and chosen == len(tok)
+    else:
+        assert len(tok) == vocab and tok.convert_ids_to_tokens(chosen) == "<|reserved_special_token_0|>"
+    builtin_tok = AutoTokenizer.from_pretrained(pair[0])
+    assert builtin_tok.convert_ids_to_tokens(zlab.choose_mask_token(pair[0], 2048)) == "<|mask|>"
+
+
+def test_a_tokenizer_with_no_free_token_needs_the_param(tmp_path):
+    from tests.conftest import chat_checkpoint
+
+    target = chat_checkpoint(tmp_path / "t", "qwen3")
+    full = len(__import__("transformers").AutoTokenizer.from_pretrained(target))
+    with pytest.raises(CheckpointError, match="fills all .* embedding rows .* train_draft.mask_token_id"):
+        zlab.choose_mask_token(target, full)
+
+
+def test_mask_token_param_outside_the_vocab_is_refused(pair, tmp_path):
+    with pytest.raises(ValueError, match="train_draft.mask_token_id=99999 is outside"):
+        train_draft(pair[0], tmp_path / "d", TrainConfig(steps=1, num_prompts=2, heldout=1, mask_token_id=99999))
+    assert not (tmp_path / "d").exists()
+
+
+def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_and_benches(tmp_path):
+    """What `dvc exp run -S model.target=<local Qwen3 checkpoint> -S model.draft=train` runs (the pipeline
+    test drives the Llama layout through DVC itself)."""
+    from dflash_et.reports.bench import BenchConfig, run_bench
+    from dflash_et.reports.validate import ValidateConfig, validate
+    from tests.conftest import build_programs, chat_checkpoint
+
+    chat_checkpoint(tmp_path / "source", "qwen3")
+    fetch("target", str(tmp_path / "source"), tmp_path / "target")
+    config = TrainConfig(steps=30, num_prompts=12, heldout=2, max_new_tokens=16, block_size=4, anchors=4,
+                         max_seq_len=128)
+    fetch("draft", "train", tmp_path / "draft", target_dir=tmp_path / "target", train=partial(train_draft, config=config))
+    mask = json.loads((tmp_path / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]
+    assert mask == len(__import__("transformers").AutoTokenizer.from_pretrained(tmp_path / "target"))
+    programs = build_programs((tmp_path / "target", tmp_path / "draft"), tmp_path / "build")
+    report = validate(programs, tmp_path / "target", tmp_path / "draft", ValidateConfig(prompts=2, max_new_tokens=12))
+    assert report["failures"] == [] and report["lossless"], report
+    metrics, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, repeats=1, latency_repeats=1))
+    assert metrics["lossless"] and metrics["tau"] >= 1.0
+
+
+def test_torchrun_two_ranks_step_together(pair, tmp_path):
+    """Data-parallel training under `torchrun --nproc_per_node=2` (gloo on CPU): the ranks draw different
+    batches, DistributedDataParallel averages their gradients, and both end with the same draft."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import REPO
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\nfrom pathlib import Path\nimport dflash_et\n"
+        "from dflash_et.training.train import TrainConfig, train_draft\n"
+        "config = TrainConfig(steps=4, num_prompts=4, heldout=1, max_new_tokens=8, block_size=4, anchors=4, batch=2)\n"
+        "train_draft(Path(sys.argv[1]), Path(sys.argv[2]) / f\"rank{os.environ['RANK']}\", config)\n")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", str(script), str(pair[0]), str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rank0, rank1 = ((tmp_path / f"rank{i}" / "model.safetensors").read_bytes() for i in (0, 1))
+    assert rank0 == rank1
+    initial = zlab.init_draft_weights(json.loads((tmp_path / "rank0" / "config.json").read_text()), seed=0)
+    trained = __import__("safetensors.torch", fromlist=["load_file"]).load_file(tmp_path / "rank0" / "model.safetensors")
+    assert not torch.equal(trained["fc.weight"], initial["fc.weight"])

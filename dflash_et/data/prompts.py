@@ -5,7 +5,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from dflash_et.corpus import samples
+from dflash_et.data.corpus import samples
 
 PROMPT_SEED = 1234  # not the corpus seed the built-in models are made from
 

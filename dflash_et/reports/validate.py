@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.checkpoint import load_pair
-from dflash_et.export import DTYPES, ExportConfig, quantize
-from dflash_et.generate import generate_ar, generate_dflash
-from dflash_et.model import checkpoint_id
-from dflash_et.programs import ProgramError, load_programs
-from dflash_et.prompts import builtin_prompts, encode_chat, tokenizer
+from dflash_et.checkpoints.check import load_pair
+from dflash_et.export.lower import DTYPES, ExportConfig, quantize
+from dflash_et.runtime.generate import generate_ar, generate_dflash
+from dflash_et.checkpoints.load import checkpoint_id
+from dflash_et.runtime.programs import ProgramError, load_programs
+from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,8 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
 
 
 def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
-                   mask_token_id: int) -> tuple[float, str | None, dict]:
-    """DFlash over the programs vs plain greedy over target.pte, at block 2 and the largest block.
+                   mask_token_id: int, blocks: list[int] | None = None) -> tuple[float, str | None, dict]:
+    """DFlash over the programs vs plain greedy over target.pte, at `blocks` (default: block 2 and the largest).
 
     Returns the fraction of (prompt, block) runs that matched exactly, the first divergence, and tau per block.
     """
@@ -120,7 +120,7 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
     matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):
         reference = generate_ar(target_p, ids, max_new_tokens, eos, max_seq_len, chunk).tokens
-        for block in sorted({2, draft_p.meta["max_block_size"]}):
+        for block in blocks or sorted({2, draft_p.meta["max_block_size"]}):
             out = generate_dflash(target_p, draft_p, ids, max_new_tokens, eos, max_seq_len, chunk, block, mask_token_id)
             taus.setdefault(block, []).append(out.tau)
             runs += 1

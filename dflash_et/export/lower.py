@@ -5,8 +5,6 @@ runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(
 max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps.
 """
 
-import os
-import shutil
 import json
 import time
 from dataclasses import asdict, dataclass, fields
@@ -15,18 +13,23 @@ from pathlib import Path
 import torch
 from torch.export import Dim, export
 
-from dflash_et.mlx_backend import ensure_mlx_backend
-from dflash_et.model import Attention, CheckpointError, Draft, DraftSettings, Target, checkpoint_id, eos_ids
+from dflash_et.checkpoints.check import load_pair
+from dflash_et.checkpoints.load import checkpoint_id, eos_ids
+from dflash_et.checkpoints.zlab import BORROWED, DraftSettings
+from dflash_et.errors import ExportError
+from dflash_et.models.draft import Draft
+from dflash_et.models.mlx_ops import ensure_mlx_backend
+from dflash_et.models.target import Target
 
 BACKENDS = ("xnnpack", "portable", "mlx")
+CACHE_OF_BACKEND = {"xnnpack": "llama", "portable": "llama", "mlx": "mlx"}  # models.attention.CACHES
 QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROGRAM_KINDS = ("target", "draft")
-WEIGHTS_TAG = "weights"  # with export.shared_weights, each program's weights go to <kind>.ptd
-
-
-class ExportError(CheckpointError):
-    """Export settings that cannot work, said in one line with the fix."""
+WEIGHTS_TAG = "weights"  # with export.shared_weights, the weights both programs use go to <kind>.ptd
+# lifted parameter names of the borrowed modules (`p_lm_head_weight`, or quantized and unwrapped,
+# `p_lm_head_parametrizations_weight_original0..2`)
+SHARED_PREFIXES = tuple("p_" + name.removesuffix("weight").replace(".", "_") for name in BORROWED)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,12 @@ def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 
     args, dynamic = example_inputs(model, config, max_block)
+    if config.shared_weights and config.quantize != "none":
+        from torchao.utils import unwrap_tensor_subclass
+
+        # quantized weights are tensor subclasses that lowering unwraps into new, untagged placeholders;
+        # unwrapped first, their placeholders exist (and carry the tag) from export on
+        unwrap_tensor_subclass(model)
     with torch.no_grad():
         program = export(model, args, dynamic_shapes=dynamic, strict=False)
     if config.shared_weights:  # tag the weights the delegate will hold, so it keeps them outside the .pte
@@ -140,8 +149,9 @@ def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata
 
 
 def _weight_tag(node: torch.fx.Node) -> str | None:
-    """Parameters (lifted as `p_*` placeholders), not caches or RoPE tables, go to the shared data file."""
-    return WEIGHTS_TAG if node.name.startswith("p_") else None
+    """The parameters both programs hold (the target's embedding and head, which the draft borrows) go
+    to the shared data file; each program keeps its own layers, so nothing else can collide there."""
+    return WEIGHTS_TAG if node.name.startswith(SHARED_PREFIXES) else None
 
 
 def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir: Path, draft_dir: Path,
@@ -164,20 +174,14 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
 
 def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path) -> dict:
     """Write `<kind>.pte` and `export.json` (a summary) into `out_dir`; returns the summary."""
-    from dflash_et.checkpoint import load_pair
-
     config.check()
     t0 = time.perf_counter()
-    target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len)
+    target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len, CACHE_OF_BACKEND[config.backend])
     max_block = config.max_block_size or settings.block_size
     if not 2 <= max_block <= config.max_seq_len - 2:
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
     model = (target if kind == "target" else draft).to(DTYPES[config.dtype])
     quantize(model, config)
-    if config.backend == "mlx":
-        for module in model.modules():
-            if isinstance(module, Attention):
-                module.use_mlx_ops()
     meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings)
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
     program, ops = lower(model, config, max_block, meta)
@@ -188,65 +192,9 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     if config.shared_weights:
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
-    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "seconds": round(time.perf_counter() - t0, 1),
-               "config": asdict(config), "metadata": meta}
+    # no timings in export.json: package, validate and bench depend on it, and must not rerun for a clock
+    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "config": asdict(config), "metadata": meta}
     (out_dir / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"[export] {kind}.pte {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} portable ops, "
-          f"{summary['seconds']} s", flush=True)
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     return summary
-
-
-def merge_weights(ptds: list[Path], out: Path) -> dict:
-    """Merge the programs' .ptd files into one, storing every named tensor once.
-
-    Delegated weights are keyed by content hash and the rest by module path (the same in both
-    programs), so a key seen twice must hold the same bytes; anything else is a conflict.
-    """
-    from executorch.exir._serialize._cord import Cord
-    from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
-    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
-
-    serializer = FlatTensorSerializer()
-    buffers: list[bytes] = []
-    named: dict[str, DataEntry] = {}
-    for ptd in ptds:
-        payload = serializer.deserialize(Cord(ptd.read_bytes()))
-        for key, entry in payload.named_data.items():
-            data = bytes(payload.buffers[entry.buffer_index])
-            if key in named:
-                if buffers[named[key].buffer_index] != data:
-                    raise ExportError(f"{ptd}: tensor {key!r} differs from the one already in {ptds[0]}; "
-                                      "the programs cannot share one weights file")
-                continue
-            named[key] = DataEntry(len(buffers), 64, entry.tensor_layout)
-            buffers.append(data)
-    with open(out, "wb") as f:
-        serializer.serialize(DataPayload(buffers=buffers, named_data=named)).write_to_file(f)
-    separate = sum(p.stat().st_size for p in ptds)
-    return {"separate_bytes": separate, "shared_bytes": out.stat().st_size,
-            "bytes_saved": separate - out.stat().st_size, "tensors": len(named)}
-
-
-def package(build_dirs: list[Path], out: Path) -> dict:
-    """Gather the programs into `out`: `<kind>.pte`, `shared.ptd` (merged) when weights are external, export.json."""
-    summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
-    configs = {kind: s["config"] for kind, s in summaries.items()}
-    if len({json.dumps({k: v for k, v in c.items() if k != "prefill_chunk"}, sort_keys=True)
-            for c in configs.values()}) != 1:
-        raise ExportError(f"the programs were exported with different settings {configs}; rerun both exports")
-    for d in build_dirs:
-        _link_or_copy(d / f"{d.name}.pte", out / f"{d.name}.pte")
-    shared = None
-    if configs[build_dirs[0].name]["shared_weights"]:
-        shared = merge_weights([d / f"{d.name}.ptd" for d in build_dirs], out / "shared.ptd")
-    summary = {"config": configs[build_dirs[0].name], "programs": summaries, "shared_weights": shared}
-    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Programs can be GBs: hardlink when the filesystem allows (DVC's cache is read-only anyway)."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash_et.engine import Engine
-from dflash_et.generate import Generation, pooled_tau
-from dflash_et.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.runtime.engine import Engine
+from dflash_et.runtime.generate import Generation, pooled_tau
+from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,15 @@ def _throughput(runs: list[Generation]) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def run_bench(programs_dir: Path, target_dir: Path, block_size: int, config: BenchConfig) -> tuple[dict, dict]:
-    """Returns (metrics, plots): the bench.json metrics and the rows of each plot."""
+def run_bench(programs_dir: Path, block_size: int, config: BenchConfig) -> tuple[dict, dict]:
+    """Returns (metrics, plots): the bench.json metrics and the rows of each plot. Everything comes from
+    the programs directory (programs and tokenizer), as a user who only pulled it has."""
     rows = load_prompts(config.prompts, config.num_prompts)  # first: a bad prompt source fails before any load
     if not rows:
         raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
     engine = Engine(programs_dir)
     engine.check_block_size(block_size)
-    tok = tokenizer(target_dir)
+    tok = tokenizer(programs_dir)
     encoded = [encode_chat(tok, r["prompt"]) for r in rows]
     for ids in encoded[:config.warmup]:
         engine.ar(ids, config.max_new_tokens)

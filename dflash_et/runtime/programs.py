@@ -9,11 +9,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.model import CheckpointError
-
-
-class ProgramError(CheckpointError):
-    """A program file that cannot be loaded or does not belong with the others."""
+from dflash_et.errors import ProgramError
 
 
 class Program:

@@ -6,8 +6,8 @@ max block), so the engine needs nothing but the programs directory.
 
 from pathlib import Path
 
-from dflash_et.generate import Generation, OnTokens, generate_ar, generate_dflash
-from dflash_et.programs import load_programs
+from dflash_et.runtime.generate import Generation, OnTokens, generate_ar, generate_dflash
+from dflash_et.runtime.programs import load_programs
 
 
 class Engine:

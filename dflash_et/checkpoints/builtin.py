@@ -1,0 +1,126 @@
+"""The built-in tiny model pair: a Qwen3-architecture target and a z-lab-layout DFlash draft.
+
+Model hubs are not always reachable (CI, air-gapped build hosts), yet every stage must run
+end to end. So the project writes its own pair, deterministically (fixed seeds, fixed
+corpus), in exactly the file layout of the real checkpoints (`Qwen/Qwen3-4B`,
+`z-lab/Qwen3-4B-DFlash-b16`): downstream code then has a single path for both.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from dflash_et.checkpoints import zlab
+from dflash_et.data.corpus import samples
+from dflash_et.threads import all_cores
+
+SEED = 0
+VOCAB_SIZE = 2048  # embedding rows; like Qwen3, more than the tokenizer has
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+THINK, END_THINK, MASK = "<think>", "</think>", "<|mask|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, THINK, END_THINK, MASK]
+
+# Qwen3's template, reduced to what a chat needs: roles, a generation prompt, and the
+# empty think block that `enable_thinking=False` inserts.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+TARGET_SHAPE = dict(
+    hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-6,
+)
+DRAFT_LAYERS = 2
+DRAFT_BLOCK_SIZE = 16
+
+
+def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_END, pad: str = ENDOFTEXT,
+                    chat_template: str = CHAT_TEMPLATE, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """A byte-level BPE (like Qwen's) trained on the project's corpus, so any text round-trips. The
+    defaults make the built-in target's; tests make other families' (other special tokens, no mask)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = [f"{prompt}\n{answer}" for _, prompt, answer in samples(3000, seed=SEED)]
+    tok.train_from_iterator(text, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=eos, pad_token=pad, chat_template=chat_template,
+        model_max_length=TARGET_SHAPE["max_position_embeddings"],
+    )
+
+
+def write_target(out: Path, trained: bool = True, shape: dict | None = None, training: dict | None = None) -> None:
+    """Write the built-in target: config, generation config, safetensors and tokenizer.
+
+    `trained`: the default built-in target is a small LM trained here on the project's corpus, so
+    its greedy replies follow the corpus and a draft can learn them; untrained, it is random
+    weights in the same layout (seconds instead of minutes, for tests). `shape` and `training`
+    override parts of TARGET_SHAPE and TARGET_TRAINING (tests make a smaller trained target).
+    """
+    tokenizer = build_tokenizer()
+    eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        bos_token_id=eos[1], eos_token_id=eos[0], dtype="float32", **{**TARGET_SHAPE, **(shape or {})},
+    )
+    torch.manual_seed(SEED)
+    model = Qwen3ForCausalLM(config)
+    if trained:
+        train_target(model, tokenizer, {**TARGET_TRAINING, **(training or {})})
+    model.generation_config = GenerationConfig(bos_token_id=eos[1], eos_token_id=eos, pad_token_id=eos[1])
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2)
+
+
+@all_cores()
+def train_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, t: dict = TARGET_TRAINING) -> None:
+    """Next-token training on corpus chats, each rendered exactly as a generation prompt plus reply."""
+    from tqdm import tqdm
+
+    chats = []
+    for _, prompt, answer in samples(t["samples"], seed=t["seed"]):
+        head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+        chats.append(tokenizer.encode(head + answer + IM_END + "\n"))
+    gen = torch.Generator().manual_seed(t["seed"])
+    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / t["warmup"]) * 0.5 * (1 + math.cos(math.pi * s / t["steps"])))
+    model.train()
+    for _ in tqdm(range(t["steps"]), desc="training the built-in target"):
+        batch = [chats[i] for i in torch.randint(0, len(chats), (t["batch"],), generator=gen).tolist()]
+        length = max(map(len, batch))
+        ids = torch.zeros(len(batch), length, dtype=torch.long)
+        labels = torch.full((len(batch), length), -100)
+        for i, seq in enumerate(batch):
+            ids[i, :len(seq)] = labels[i, :len(seq)] = torch.tensor(seq)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+    model.eval()
+
+
+def write_draft(out: Path, target_dir: Path) -> None:
+    """Write the built-in (random) draft in z-lab's layout for the target in `target_dir`."""
+    target = json.loads((target_dir / "config.json").read_text())
+    mask = zlab.choose_mask_token(target_dir, target["vocab_size"])
+    config = zlab.draft_config(target, mask, DRAFT_LAYERS, DRAFT_BLOCK_SIZE)
+    zlab.save_draft(out, config, zlab.init_draft_weights(config, SEED + 1))

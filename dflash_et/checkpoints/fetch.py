@@ -1,0 +1,92 @@
+"""Getting a checkpoint into `artifacts/weights/<role>/`, and refusing ones that cannot work.
+
+A source is `builtin` (the project's tiny pair), a local directory, or a Hugging Face repo id
+with an optional `@revision`. Whatever the source, the result is the same Hugging Face file
+layout, written to a temporary directory and renamed into place only once it has passed
+every check, so a failed fetch leaves nothing behind.
+"""
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from dflash_et.checkpoints import builtin
+from dflash_et.checkpoints.check import check_pair, check_target
+from dflash_et.checkpoints.load import write_checkpoint_id
+from dflash_et.errors import CheckpointError
+from dflash_et.files import staged_dir
+
+BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
+BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
+TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
+CHECKPOINT_FILES = [
+    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "vocab.json", "merges.txt", "tokenizer.model",
+]
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
+
+
+Trainer = Callable[[Path, Path], object]  # (target_dir, out_dir): writes a draft trained for the target
+
+
+def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: Trainer | None = None) -> None:
+    """Put the `role` ("target" or "draft") checkpoint named by `source` at `out`, checked, with its
+    fingerprint stored beside it (see `checkpoints.load.checkpoint_id`).
+
+    A draft is checked against the target already at `target_dir`; source `train` calls `train`
+    to make one for it (the stage passes draft training; checkpoints never import training).
+    """
+    param = f"model.{role}"
+    with staged_dir(out) as tmp:
+        if source in (BUILTIN, BUILTIN_RANDOM):
+            if role == "target":
+                builtin.write_target(tmp, trained=source == BUILTIN)
+            else:
+                builtin.write_draft(tmp, target_dir)
+        elif source == TRAIN and role == "draft":
+            if train is None:
+                raise CheckpointError("model.draft=train needs a trainer; run it through the fetch_draft stage")
+            train(target_dir, tmp)
+        elif _looks_like_path(source):
+            _copy_checkpoint(Path(source).expanduser(), tmp, param)
+        elif HUB_ID.match(source):
+            _download(source, tmp, param)
+        else:
+            raise CheckpointError(
+                f"{param}={source!r} is neither '{BUILTIN}', an existing directory, nor a hub id like "
+                "'Qwen/Qwen3-4B[@revision]'"
+            )
+        check_target(tmp, source) if role == "target" else check_pair(target_dir, tmp, source)
+        write_checkpoint_id(tmp)
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith(("/", ".", "~")) or os.path.isdir(source)
+
+
+def _copy_checkpoint(src: Path, dst: Path, param: str) -> None:
+    """Copy (not link: DVC makes its cached files read-only) the checkpoint files of a local directory."""
+    if not src.is_dir():
+        raise CheckpointError(f"{param}: {src} is not a directory; give a checkpoint directory, a hub id or '{BUILTIN}'")
+    for pattern in CHECKPOINT_FILES:  # not fingerprint.json: it is recomputed from what was copied
+        for f in src.glob(pattern):
+            shutil.copy2(f, dst / f.name)
+
+
+def _download(source: str, dst: Path, param: str) -> None:
+    """snapshot_download into the Hugging Face cache (HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply), then copy out."""
+    from huggingface_hub import snapshot_download
+
+    repo_id, _, revision = source.partition("@")
+    try:
+        snapshot = snapshot_download(repo_id, revision=revision or None, allow_patterns=CHECKPOINT_FILES)
+    except Exception as e:  # noqa: BLE001  network boundary: HTTP, proxy, offline, gated, not found
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{param}: cannot download {source!r} from the Hugging Face hub ({type(e).__name__}: {reason}). "
+            f"Set {param} to a local checkpoint directory or to '{BUILTIN}'"
+        ) from None
+    _copy_checkpoint(Path(snapshot), dst, param)

@@ -1,0 +1,136 @@
+"""z-lab's DFlash draft checkpoint layout: its config, tap layers, mask token, initial weights.
+
+A draft checkpoint is `config.json` (`architectures: [DFlashDraftModel]`, a `dflash_config` with
+`mask_token_id` and `target_layer_ids`) and `model.safetensors` without the embedding and head,
+which the draft borrows from its target at load time.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from transformers import AutoTokenizer, PretrainedConfig
+
+from dflash_et.errors import CheckpointError
+
+BORROWED = ("embed_tokens.weight", "lm_head.weight")  # the target's, never stored in a draft checkpoint
+MASK_NAMES = ("<|mask|>", "<|MASK|>", "<mask>", "[MASK]")
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """What the draft's config says about how the pair is driven."""
+
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int
+    embed_scale: float = 1.0
+    logit_scale: float = 1.0
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default choice of target layers to tap: spread evenly over layers 1..N-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
+    dflash = getattr(draft_config, "dflash_config", None) or {}
+    layer_ids = dflash.get("target_layer_ids") or getattr(draft_config, "target_layer_ids", None)
+    if layer_ids is None:
+        layer_ids = default_target_layer_ids(draft_config.num_target_layers, draft_config.num_hidden_layers)
+    mask = dflash.get("mask_token_id", getattr(draft_config, "mask_token_id", None))
+    if mask is None:
+        raise CheckpointError("draft config has no dflash_config.mask_token_id: not a DFlash draft checkpoint")
+    return DraftSettings(list(layer_ids), int(mask), int(getattr(draft_config, "block_size", 16)),
+                         float(dflash.get("input_embedding_scale", 1.0)), float(dflash.get("output_multiplier", 1.0)))
+
+
+def choose_mask_token(target_dir: Path, vocab_size: int) -> int:
+    """The mask token for a new draft, as z-lab's released drafts pick it: the tokenizer's own mask
+    token if it has one; else the first embedding row past the tokenizer's vocabulary (Qwen3 has 151669
+    tokens in 151936 rows: z-lab's Qwen3 drafts use 151669); else the first reserved special token
+    (Llama 3 fills every row but reserves `<|reserved_special_token_N|>`)."""
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    vocab = tok.get_vocab()
+    for name in (tok.mask_token, *MASK_NAMES):
+        if name is not None and name in vocab and vocab[name] < vocab_size:
+            return vocab[name]
+    if len(tok) < vocab_size:
+        return len(tok)
+    reserved = sorted(i for name, i in vocab.items() if "reserved" in name and i < vocab_size)
+    if reserved:
+        return reserved[0]
+    raise CheckpointError(f"target {target_dir}: its tokenizer fills all {vocab_size} embedding rows and has no mask "
+                          "or reserved token; pick one the target never generates with train_draft.mask_token_id")
+
+
+def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: int) -> dict:
+    """A z-lab DFlash draft config.json for `target` (its config.json as a dict): same widths, own depth."""
+    rope = target.get("rope_parameters") or {"rope_theta": target.get("rope_theta", 10000.0)}
+    head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "model_type": "qwen3",
+        "block_size": block_size,
+        "num_target_layers": target["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": mask_token_id,
+                          "target_layer_ids": default_target_layer_ids(target["num_hidden_layers"], num_layers)},
+        "hidden_size": target["hidden_size"], "intermediate_size": target["intermediate_size"],
+        "num_hidden_layers": num_layers, "num_attention_heads": target["num_attention_heads"],
+        "num_key_value_heads": target.get("num_key_value_heads") or target["num_attention_heads"],
+        "head_dim": head_dim, "vocab_size": target["vocab_size"], "rms_norm_eps": target["rms_norm_eps"],
+        "rope_theta": rope["rope_theta"], "rope_scaling": None,
+        "max_position_embeddings": target["max_position_embeddings"], "attention_bias": False,
+        "hidden_act": "silu", "tie_word_embeddings": False, "dtype": "float32",
+    }
+
+
+def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded initial weights under z-lab's key names: N(0, 0.02) matrices, unit norms."""
+    hidden, heads, kv_heads, head_dim, inter = (
+        config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"))
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 0.02
+
+    taps = len(config["dflash_config"]["target_layer_ids"])
+    weights = {"fc.weight": normal(hidden, taps * hidden),
+               "hidden_norm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        weights |= {
+            p + "self_attn.q_proj.weight": normal(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": normal(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": normal(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": normal(hidden, heads * head_dim),
+            p + "self_attn.q_norm.weight": torch.ones(head_dim),
+            p + "self_attn.k_norm.weight": torch.ones(head_dim),
+            p + "mlp.gate_proj.weight": normal(inter, hidden),
+            p + "mlp.up_proj.weight": normal(inter, hidden),
+            p + "mlp.down_proj.weight": normal(hidden, inter),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+        }
+    return weights
+
+
+def save_draft(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors in z-lab's layout (the borrowed embedding and head left out)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    kept = {k: v.detach().contiguous() for k, v in weights.items() if k not in BORROWED}
+    save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def borrow(draft: nn.Module, target: nn.Module) -> None:
+    """Point the draft's embedding and head at the target's own parameters (shared, not copied)."""
+    draft.embed_tokens.weight = target.embed_tokens.weight
+    draft.lm_head.weight = target.lm_head.weight

@@ -1,0 +1,1 @@
+"""Text: the project's own corpus and the prompt sets validate, bench and training draw from."""

@@ -1,0 +1,1 @@
+"""Lowering the models to ExecuTorch programs, and packaging what ships."""

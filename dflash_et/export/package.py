@@ -1,0 +1,77 @@
+"""Gathering the exported programs into what ships: both .pte files, one shared weights file, the
+tokenizer, and a summary."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from dflash_et.errors import ExportError
+
+
+def merge_weights(ptds: list[Path], out: Path) -> dict:
+    """Merge the programs' .ptd files into one, storing every named tensor once.
+
+    Delegated weights are keyed by content hash and the rest by module path (the same in both
+    programs), so a key seen twice must hold the same bytes; anything else is a conflict.
+    """
+    from executorch.exir._serialize._cord import Cord
+    from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    serializer = FlatTensorSerializer()
+    buffers: list[bytes] = []
+    named: dict[str, DataEntry] = {}
+    for ptd in ptds:
+        payload = serializer.deserialize(Cord(ptd.read_bytes()))
+        for key, entry in payload.named_data.items():
+            data = bytes(payload.buffers[entry.buffer_index])
+            if key in named:
+                if buffers[named[key].buffer_index] != data:
+                    raise ExportError(f"{ptd}: tensor {key!r} differs from the one already in {ptds[0]}; "
+                                      "the programs cannot share one weights file")
+                continue
+            named[key] = DataEntry(len(buffers), 64, entry.tensor_layout)
+            buffers.append(data)
+    with open(out, "wb") as f:
+        serializer.serialize(DataPayload(buffers=buffers, named_data=named)).write_to_file(f)
+    separate = sum(p.stat().st_size for p in ptds)
+    return {"separate_bytes": separate, "shared_bytes": out.stat().st_size,
+            "bytes_saved": separate - out.stat().st_size, "tensors": len(named)}
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
+    """Gather what a runner needs into `out`: `<kind>.pte`, `shared.ptd` (merged) when weights are
+    external, the target's tokenizer and chat template (ExecuTorch's LLM runners look for the
+    tokenizer beside the program; `dflash generate` reads it there), and export.json."""
+    summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
+    configs = {kind: s["config"] for kind, s in summaries.items()}
+    if len({json.dumps({k: v for k, v in c.items() if k != "prefill_chunk"}, sort_keys=True)
+            for c in configs.values()}) != 1:
+        raise ExportError(f"the programs were exported with different settings {configs}; rerun both exports")
+    for d in build_dirs:
+        _link_or_copy(d / f"{d.name}.pte", out / f"{d.name}.pte")
+    tokenizer = [f for f in TOKENIZER_FILES if (target_dir / f).is_file()]
+    if not tokenizer:
+        raise ExportError(f"{target_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); fetch the target again")
+    for f in tokenizer:
+        shutil.copy2(target_dir / f, out / f)
+    shared = None
+    if configs[build_dirs[0].name]["shared_weights"]:
+        shared = merge_weights([d / f"{d.name}.ptd" for d in build_dirs], out / "shared.ptd")
+    summary = {"config": configs[build_dirs[0].name], "programs": summaries, "shared_weights": shared,
+               "tokenizer": tokenizer}
+    (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Programs can be GBs: hardlink when the filesystem allows (DVC's cache is read-only anyway)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

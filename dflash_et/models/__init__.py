@@ -1,0 +1,1 @@
+"""The eager models: one definition of each, which runs eagerly, trains and exports."""

@@ -1,0 +1,180 @@
+"""Attention with its KV cache, one cache class per backend, chosen when the model is built.
+
+`Attention` owns the projections, q/k norms and RoPE; its `cache` writes the call's K/V rows and
+attends. Every backend has the same contract, so the decode loops, the export and training never
+ask which one runs:
+
+    cache(q [1,T,H,D], k [1,S,Hkv,D], v, start, positions [S], mask=None) -> [1,T,H,D]
+
+The S key rows sit at `positions` (consecutive from `start`), the T queries are the last T of them,
+and they attend to every cached row before the call's end allowed by the layer's `AttentionSpec`
+(causal or not, an optional sliding window). Rolling back is calling again at an earlier `start`:
+nothing ever looks past the current call's end.
+
+- `LlamaOpsCache`: ExecuTorch's `llama::update_cache` / `llama::custom_sdpa` (XNNPACK and portable
+  programs); the cache is updated in place instead of copied each call.
+- `MlxOpsCache`: the MLX delegate's `mlx::kv_cache_update` / `mlx::custom_sdpa` (heads-first caches).
+- `DenseCache`: plain tensors and `F.scaled_dot_product_attention`, for eager use and training. With
+  an explicit `mask` [T,S] it attends over the given K/V only and caches nothing: that is how
+  training runs many draft blocks in one call.
+
+A sliding window is a mask over a full-length cache, which survives any rollback.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_et.models.layers import RMSNorm
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One layer's attention: its own head shapes, scale, causality and window."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qk_norm: bool = False
+    bias: bool = False
+    causal: bool = True
+    window: int | None = None     # a query at p sees keys at p-window+1 .. (p, or the call's end if not causal)
+    scale: float | None = None    # None: head_dim ** -0.5
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_dim ** -0.5
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` [1, T, heads, D] by per-position cos/sin [T, D] (HF's rotate_half convention)."""
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def allowed(spec: AttentionSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """[T, S] bool: which keys each query may see under the layer's causality and window."""
+    ok = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool)
+    if spec.causal:
+        ok = ok & (k_pos[None, :] <= q_pos[:, None])
+    if spec.window is not None:
+        ok = ok & (q_pos[:, None] - k_pos[None, :] < spec.window)
+    return ok
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask as the float mask the backends' ops take (0 where allowed, -inf elsewhere)."""
+    return torch.where(mask, 0.0, float("-inf")).to(dtype)
+
+
+class KVCache(nn.Module):
+    """Static K/V buffers [1, max_seq_len, Hkv, D] (rows are positions) and the layer's spec."""
+
+    heads_first = False
+
+    def __init__(self, spec: AttentionSpec, max_seq_len: int):
+        super().__init__()
+        self.spec = spec
+        shape = (1, spec.num_kv_heads, max_seq_len, spec.head_dim) if self.heads_first else \
+            (1, max_seq_len, spec.num_kv_heads, spec.head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+
+    def window_mask(self, end: int, t: int, columns: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The float mask [t, columns] of the last `t` queries before `end` over cache rows 0..columns-1
+        when a window applies (rows from `end` on are hidden), else None: the ops' causal flag suffices."""
+        if self.spec.window is None:
+            return None
+        k_pos = torch.arange(columns)
+        q_pos = torch.arange(end - t, end)
+        return additive(allowed(self.spec, q_pos, k_pos) & (k_pos < end)[None, :], dtype)
+
+
+class LlamaOpsCache(KVCache):
+    def __init__(self, spec: AttentionSpec, max_seq_len: int):
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers torch.ops.llama.*)
+
+        super().__init__(spec, max_seq_len)
+
+    def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | None = None):
+        t, s = q.shape[1], k.shape[1]
+        torch.ops.llama.update_cache(k, self.k_cache, start)
+        torch.ops.llama.update_cache(v, self.v_cache, start)
+        q_start = start + s - t
+        # with a mask, the kernel attends over the whole cache: the mask covers every row
+        window = self.window_mask(start + s, t, self.k_cache.shape[1], q.dtype)
+        causal = self.spec.causal and window is None
+        return torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, q_start, window, 0, causal,
+                                           self.spec.softmax_scale)
+
+
+class MlxOpsCache(KVCache):
+    heads_first = True
+
+    def __init__(self, spec: AttentionSpec, max_seq_len: int):
+        from dflash_et.models.mlx_ops import ensure_mlx_backend
+
+        ensure_mlx_backend()  # registers torch.ops.mlx.*
+        super().__init__(spec, max_seq_len)
+
+    def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | None = None):
+        t, s = q.shape[1], k.shape[1]
+        torch.ops.mlx.kv_cache_update(self.k_cache, k.transpose(1, 2), start)
+        torch.ops.mlx.kv_cache_update(self.v_cache, v.transpose(1, 2), start)
+        q_start = start + s - t
+        window = self.window_mask(start + s, t, start + s, q.dtype)  # the op slices the cache to the call's end
+        causal = self.spec.causal and window is None
+        y = torch.ops.mlx.custom_sdpa(q.transpose(1, 2), self.k_cache, self.v_cache, q_start, window, 0.0, causal,
+                                      self.spec.softmax_scale)
+        return y.transpose(1, 2)
+
+
+class DenseCache(KVCache):
+    def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | None = None):
+        t, s = q.shape[1], k.shape[1]
+        if mask is None:
+            self.k_cache[:, start:start + s] = k
+            self.v_cache[:, start:start + s] = v
+            k, v = self.k_cache[:, :start + s], self.v_cache[:, :start + s]
+            positions = torch.arange(start + s)
+            mask = torch.ones(t, start + s, dtype=torch.bool)
+        mask = mask & allowed(self.spec, positions[-t:], positions)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                           scale=self.spec.softmax_scale, enable_gqa=True)
+        return y.transpose(1, 2)
+
+
+CACHES: dict[str, type[KVCache]] = {"dense": DenseCache, "llama": LlamaOpsCache, "mlx": MlxOpsCache}
+
+
+class Attention(nn.Module):
+    """Projections, q/k norms and RoPE around a backend's cache. Queries come from `x` (the last T
+    rows); keys and values from `kv_in` (for a draft layer, the context rows and then the block)."""
+
+    def __init__(self, hidden_size: int, spec: AttentionSpec, eps: float, cache: KVCache):
+        super().__init__()
+        self.spec = spec
+        self.q_proj = nn.Linear(hidden_size, spec.num_heads * spec.head_dim, bias=spec.bias)
+        self.k_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
+        self.v_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
+        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, hidden_size, bias=spec.bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, eps)
+            self.k_norm = RMSNorm(spec.head_dim, eps)
+        self.cache = cache
+
+    def forward(self, x: torch.Tensor, kv_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        spec, t, s = self.spec, x.shape[1], kv_in.shape[1]
+        q = self.q_proj(x).view(1, t, spec.num_heads, spec.head_dim)
+        k = self.k_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
+        v = self.v_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
+        if spec.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, cos[s - t:s], sin[s - t:s])  # explicit ends: the MLX partitioner rejects open slices
+        k = apply_rope(k, cos, sin)
+        y = self.cache(q, k, v, start, positions, mask)
+        return self.o_proj(y.reshape(1, t, spec.num_heads * spec.head_dim))

@@ -1,0 +1,53 @@
+"""z-lab's DFlash draft: one definition for inference (cached, exported) and training (dense, masked).
+
+`forward(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]`: the n new context
+taps are written to the draft's own cache (it persists across rounds); the block `[last token,
+mask x (B-1)]` is written right after them and attends to the whole context and to itself, not
+causally. The next call's context overwrites those block entries. Positions must be consecutive.
+
+Training passes many blocks at once: `block_pos` (each block row's position) and `block_mask`
+[rows, n + rows] (which context and block rows each row may see); the cache is then left alone
+and logits come back for every row.
+"""
+
+import torch
+from torch import nn
+
+from dflash_et.models.block import Block, ModelArgs, start_position
+from dflash_et.models.layers import RMSNorm
+
+
+class Draft(nn.Module):
+    """The draft's own layers, with the target's embedding and head (borrowed, see checkpoints.zlab)."""
+
+    def __init__(self, a: ModelArgs, rope: tuple[torch.Tensor, torch.Tensor], num_taps: int, target_hidden: int,
+                 embed_scale: float = 1.0, logit_scale: float = 1.0, cache: str = "dense"):
+        super().__init__()
+        self.args, self.max_seq_len = a, rope[0].shape[0]
+        self.embed_scale, self.logit_scale = embed_scale, logit_scale
+        self.embed_tokens = nn.Embedding(a.vocab_size, target_hidden)
+        self.lm_head = nn.Linear(target_hidden, a.vocab_size, bias=False)
+        self.fc = nn.Linear(num_taps * target_hidden, a.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache) for spec in a.layers)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.register_buffer("rope_cos", rope[0], persistent=False)
+        self.register_buffer("rope_sin", rope[1], persistent=False)
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
+                block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor:
+        n, b = hidden.shape[1], tokens.shape[1]
+        if block_mask is None:
+            start = start_position(input_pos, n + b, self.max_seq_len)
+            block_pos = torch.arange(b, dtype=torch.long) + (start + n)
+        else:
+            start = 0  # training: nothing is cached
+        positions = torch.cat([input_pos, block_pos])
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        ctx = self.hidden_norm(self.fc(hidden))
+        x = self.embed_tokens(tokens) * self.embed_scale
+        for layer in self.layers:
+            x = layer(x, cos, sin, start, positions, ctx, block_mask)
+        if block_mask is None:
+            x = x[:, 1:b]  # the anchor's row predicts nothing; explicit end, as in Attention
+        return self.lm_head(self.norm(x)) * self.logit_scale

@@ -1,0 +1,1 @@
+"""What the pipeline measures: validate (correctness) and bench (speed)."""

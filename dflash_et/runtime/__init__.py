@@ -1,0 +1,1 @@
+"""Running programs (or eager models): the decode loops, the program loader, the engine."""

@@ -1,0 +1,1 @@
+"""Training a DFlash draft for a target."""

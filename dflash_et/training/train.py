@@ -1,0 +1,242 @@
+"""Training a DFlash draft for any target, following z-lab's published recipe.
+
+Data are the target's own greedy responses (so the draft learns what the target will say, not
+what a dataset says). Per sequence, anchor positions are sampled; each training block is
+`[anchor token, mask x (B-1)]` at the anchor's positions, whose rows see the target taps of the
+positions before the anchor and the whole block (bidirectional inside the block, nothing after
+it). One step packs every block of every sequence in the batch into one call of the very
+`Draft.forward` that is exported, with that visibility as its mask. The loss is cross-entropy on
+the B-1 masked positions, position k weighted by exp(-(k-1)/gamma): early positions matter most,
+since a block is accepted left to right. The target's embedding and head are borrowed and frozen.
+
+Data-parallel under `torchrun` through DistributedDataParallel (gloo on CPU, NCCL on GPUs):
+each rank draws different sequences and anchors; DDP averages the gradients.
+"""
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dflash_et.checkpoints import zlab
+from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
+from dflash_et.data.prompts import builtin_prompts, encode_chat, load_prompts, tokenizer
+from dflash_et.files import write_csv, write_json
+from dflash_et.models.draft import Draft
+from dflash_et.models.target import Target
+from dflash_et.runtime.generate import generate_ar, generate_dflash, pooled_tau
+from dflash_et.threads import all_cores
+
+TRAIN_PROMPT_SEED = 4321
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The `train_draft` section of params.yaml."""
+
+    steps: int = 2000
+    lr: float = 1e-3
+    batch: int = 4                # sequences per step (per rank)
+    block_size: int = 16
+    anchors: int = 16             # anchors sampled per sequence
+    gamma: float = 7.0
+    num_layers: int = 2
+    prompts: str = "builtin"      # builtin | a JSONL file (see prompts.load_prompts)
+    num_prompts: int = 768
+    heldout: int = 12             # prompts kept out of training, for the acceptance estimate
+    max_new_tokens: int = 48
+    max_seq_len: int = 512
+    mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
+    seed: int = 0
+
+
+@dataclass
+class Sequence:
+    tokens: torch.Tensor          # [L] prompt + the target's greedy response
+    taps: torch.Tensor            # [L, k*H] the target's hidden states at every position
+    prompt_len: int
+
+
+@dataclass
+class Batch:
+    """Every block of several sequences, packed into one `Draft.forward` call."""
+
+    tokens: torch.Tensor          # [1, R] block rows: anchor token, then masks
+    hidden: torch.Tensor          # [1, C, k*H] the sequences' taps, one after another
+    ctx_pos: torch.Tensor         # [C] each tap's position in its own sequence
+    block_pos: torch.Tensor       # [R] each block row's position in its own sequence
+    mask: torch.Tensor            # [R, C + R] what each row may see
+    labels: torch.Tensor          # [R] the token each row should predict (-100: none)
+    weights: torch.Tensor         # [R] loss weight of each row
+
+
+def target_sequences(target: Target, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[Sequence]:
+    """The target's own greedy continuation of each prompt, and its taps over the whole sequence."""
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            reply = generate_ar(target, ids, max_new_tokens, eos, target.max_seq_len, 64).tokens
+            tokens = torch.tensor(ids + reply)
+            _, taps = target(tokens[None], torch.arange(len(tokens)))
+            out.append(Sequence(tokens, taps[0], len(ids)))
+    return out
+
+
+def sample_anchors(seq: Sequence, n: int, gen: torch.Generator) -> torch.Tensor:
+    """Anchor positions where decoding actually happens: from the last prompt token to the one before the end."""
+    low, high = max(seq.prompt_len - 1, 1), len(seq.tokens) - 2
+    if high < low:
+        return torch.empty(0, dtype=torch.long)
+    return torch.randint(low, high + 1, (n,), generator=gen).unique()
+
+
+def loss_weights(block: int, gamma: float) -> torch.Tensor:
+    """exp(-(k-1)/gamma) for the masked positions k = 1..B-1."""
+    return torch.exp(-(torch.arange(1, block, dtype=torch.float32) - 1) / gamma)
+
+
+def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_token_id: int, gamma: float) -> Batch:
+    """One batch of blocks: a row of anchor i of sequence s sees the taps of s before the anchor and block i."""
+    ctx_seq = torch.cat([torch.full((len(s.tokens),), i) for i, s in enumerate(seqs)])
+    ctx_pos = torch.cat([torch.arange(len(s.tokens)) for s in seqs])
+    rows = [(i, a) for i, a_s in enumerate(anchors) for a in a_s.tolist()]
+    row_seq = torch.tensor([i for i, _ in rows]).repeat_interleave(block)
+    row_anchor = torch.tensor([a for _, a in rows]).repeat_interleave(block)
+    row_block = torch.arange(len(rows)).repeat_interleave(block)
+    offset = torch.arange(block).repeat(len(rows))
+    sees_ctx = (ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None])
+    sees_block = row_block[:, None] == row_block[None, :]
+    tokens = torch.full((len(rows) * block,), mask_token_id)
+    labels = torch.full((len(rows) * block,), -100)
+    for r, (i, a) in enumerate(rows):
+        seq = seqs[i].tokens
+        tokens[r * block] = seq[a]
+        end = min(a + block, len(seq))
+        labels[r * block + 1:r * block + 1 + end - a - 1] = seq[a + 1:end]
+    weights = torch.cat([torch.zeros(1), loss_weights(block, gamma)]).repeat(len(rows)) * (labels >= 0)
+    return Batch(tokens[None], torch.cat([s.taps for s in seqs])[None], ctx_pos, row_anchor + offset,
+                 torch.cat([sees_ctx, sees_block], dim=1), labels, weights)
+
+
+def batch_loss(draft: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Position-weighted cross-entropy of the draft's predictions for every masked row of the batch."""
+    logits = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask)[0]
+    ce = F.cross_entropy(logits, batch.labels.clamp(min=0), reduction="none")
+    return (ce * batch.weights).sum() / batch.weights.sum().clamp(min=1e-9)
+
+
+def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[dict, Draft]:
+    """An initialised draft (z-lab config + weights) for the target, borrowing its frozen embedding and head."""
+    target_config = json.loads((target_dir / "config.json").read_text())
+    mask = config.mask_token_id
+    if mask is None:
+        mask = zlab.choose_mask_token(target_dir, target.args.vocab_size)
+    draft_cfg = zlab.draft_config(target_config, mask, config.num_layers, config.block_size)
+    from transformers import Qwen3Config
+
+    draft = build_draft(Qwen3Config(**draft_cfg), target.args, config.max_seq_len)
+    draft.load_state_dict(zlab.init_draft_weights(draft_cfg, config.seed), strict=False)
+    zlab.borrow(draft, target)
+    for p in (draft.embed_tokens.weight, draft.lm_head.weight):
+        p.requires_grad_(False)
+    return draft_cfg, draft
+
+
+def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[int], config: TrainConfig,
+               mask_token_id: int) -> float:
+    """tau (tokens per round) of eager greedy DFlash with this draft on `prompts`."""
+    with torch.no_grad():
+        return pooled_tau([generate_dflash(target, draft, ids, config.max_new_tokens, eos, target.max_seq_len, 64,
+                                           config.block_size, mask_token_id) for ids in prompts])
+
+
+def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """(held-out rows, training rows). Built-in prompts: training from the `train` split only and
+    held-out from `eval`, the split validate and bench measure; a file: its first rows held out."""
+    if config.prompts == "builtin":
+        return (builtin_prompts(config.heldout, seed=TRAIN_PROMPT_SEED, split="eval"),
+                builtin_prompts(config.num_prompts, seed=TRAIN_PROMPT_SEED, split="train"))
+    rows = load_prompts(config.prompts, config.num_prompts + config.heldout)
+    return rows[:config.heldout], rows[config.heldout:]
+
+
+def _check_mask_token(target_dir: Path, mask: int, vocab_size: int) -> None:
+    if not 0 <= mask < vocab_size:
+        raise ValueError(f"train_draft.mask_token_id={mask} is outside the target {target_dir}'s {vocab_size} "
+                         "embedding rows; pick one inside, or null to choose it from the tokenizer")
+
+
+@all_cores()
+def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print) -> dict:
+    """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with
+    `train_draft.json` (held-out tau before/after, the target's fingerprint) and `train_loss.csv`.
+    Under torchrun every rank writes the same draft to its `out_dir`. Returns the report."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank = 0
+    if distributed:
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        rank = torch.distributed.get_rank()
+    try:
+        return _train(target_dir, out_dir, config, rank, distributed, log)
+    finally:
+        if distributed:
+            torch.distributed.destroy_process_group()
+
+
+def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, distributed: bool, log) -> dict:
+    torch.manual_seed(config.seed)
+    num_layers = load_config(target_dir).num_hidden_layers
+    target = load_target(target_dir, zlab.default_target_layer_ids(num_layers, config.num_layers), config.max_seq_len)
+    if config.mask_token_id is not None:
+        _check_mask_token(target_dir, config.mask_token_id, target.args.vocab_size)
+    draft_cfg, draft = new_draft(target_dir, target, config)
+    mask_id = draft_cfg["dflash_config"]["mask_token_id"]
+    eos = set(eos_ids(target_dir))
+
+    tok = tokenizer(target_dir)
+    heldout_rows, train_rows = training_prompts(config)
+    heldout = [encode_chat(tok, r["prompt"]) for r in heldout_rows]
+    train_prompts = [encode_chat(tok, r["prompt"]) for r in train_rows]
+    t0 = time.perf_counter()
+    data = target_sequences(target, train_prompts, config.max_new_tokens, eos)
+    log(f"[train_draft] {len(data)} target responses in {time.perf_counter() - t0:.0f} s (mask token {mask_id})")
+    tau_before = acceptance(target, draft, heldout, eos, config, mask_id)
+
+    model = draft
+    if distributed:  # every rank steps with the mean gradient; the caches are not model state
+        model = torch.nn.parallel.DistributedDataParallel(draft, broadcast_buffers=False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / config.steps)))
+    gen = torch.Generator().manual_seed(config.seed * 1000 + rank)
+    losses = []
+    for step in range(config.steps):
+        picks = [data[i] for i in torch.randint(0, len(data), (config.batch,), generator=gen).tolist()]
+        batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
+                     config.gamma)
+        loss = batch_loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())
+        if step % 50 == 0 or step == config.steps - 1:
+            log(f"[train_draft] step {step}: loss {loss.item():.3f}")
+
+    tau_after = acceptance(target, draft, heldout, eos, config, mask_id)
+    log(f"[train_draft] held-out tau {tau_before:.2f} -> {tau_after:.2f} ({time.perf_counter() - t0:.0f} s)")
+    report = {"steps": config.steps, "final_loss": losses[-1], "heldout_tau_untrained": tau_before,
+              "heldout_tau": tau_after, "target_checkpoint_id": checkpoint_id(target_dir),
+              "train_sequences": len(data), "mask_token_id": mask_id, "config": asdict(config)}
+    # the checkpoint carries its own training report; timings only go to the log
+    zlab.save_draft(out_dir, draft_cfg, draft.state_dict())
+    write_csv(out_dir / "train_loss.csv", [{"step": i, "loss": v} for i, v in enumerate(losses)])
+    write_json(out_dir / "train_draft.json", report)
+    return report

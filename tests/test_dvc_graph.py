@@ -1,0 +1,79 @@
+"""The DVC graph is complete: every stage depends on all the project code its command imports."""
+
+import ast
+import re
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import REPO
+
+PACKAGES = ("dflash_et", "stages")
+
+
+def module_file(name: str) -> Path | None:
+    path = REPO / name.replace(".", "/")
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imports_of(path: Path) -> set[str]:
+    """Project modules a file imports anywhere (top level or inside functions)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {n for n in names if n.split(".")[0] in PACKAGES and module_file(n)}
+
+
+def closure(module: str) -> set[Path]:
+    """Every project file that running `module` loads, package __init__ files included."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
+            f = module_file(".".join(parts[:i]))
+            if f and f not in seen:
+                seen.add(f)
+                todo += imports_of(f)
+    return {f.relative_to(REPO) for f in seen}
+
+
+def covered(path: Path, deps: list[str]) -> bool:
+    return any(path == Path(d) or Path(d) in path.parents for d in deps)
+
+
+def stage_modules() -> dict[str, tuple[str, list[str]]]:
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    out = {}
+    for name, stage in stages.items():
+        module = re.search(r"python -m ([\w.]+)", stage["cmd"]).group(1)
+        out[name] = (module, [d for d in stage.get("deps", [])])
+    return out
+
+
+def test_every_stage_depends_on_the_code_it_imports():
+    missing = {name: sorted(str(f) for f in closure(module) if not covered(f, deps))
+               for name, (module, deps) in stage_modules().items()}
+    assert not {k: v for k, v in missing.items() if v}, f"dvc.yaml deps miss code the stage imports: {missing}"
+
+
+def test_the_check_sees_lazy_imports_and_packages():
+    files = closure("stages.fetch_draft")
+    assert Path("dflash_et/training/train.py") in files  # the trainer the stage hands to fetch
+    assert Path("dflash_et/__init__.py") in files and Path("dflash_et/threads.py") in files
+    assert Path("dflash_et/models/mlx_ops.py") in files  # imported inside a function
+    assert not covered(Path("dflash_et/models/draft.py"), ["dflash_et/model", "dflash_et/models/draft"])
+    assert covered(Path("dflash_et/models/draft.py"), ["dflash_et/models"])
+
+
+def test_a_trained_draft_follows_the_target_weights():
+    """A retrained target (same shapes, new weights) must retrain `model.draft: train`: fetch_draft depends
+    on the whole target directory, not its config."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert "${paths.target}" in stages["fetch_draft"]["deps"]

@@ -6,6 +6,7 @@ does not match its config fails here with a one-line error instead of computing 
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -122,8 +123,7 @@ def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: in
 def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, cache: str = "dense") -> Draft:
     """The draft's modules; its vocabulary and embedding width are the target's, whose head it borrows."""
     settings = zlab.draft_settings(draft_config)
-    args = model_args(draft_config, causal=False)
-    args = ModelArgs(**{**args.__dict__, "vocab_size": target.vocab_size})
+    args = replace(model_args(draft_config, causal=False), vocab_size=target.vocab_size)
     return Draft(args, rope_table(draft_config, max_seq_len), len(settings.target_layer_ids), target.hidden_size,
                  settings.embed_scale, settings.logit_scale, cache)
 

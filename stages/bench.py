@@ -1,10 +1,11 @@
 """bench stage: `python -m stages.bench PROGRAMS REPORT PLOTS_DIR` writes bench.json (a DVC metric)
-and the plot data."""
+and the plot data; on a host that cannot run the programs it says so in one line, writes a `skipped`
+bench.json and header-only plots (every output dvc.yaml declares exists) and succeeds."""
 
 from pathlib import Path
 
 from dflash_et.files import write_csv, write_json
-from dflash_et.reports.bench import BenchConfig, run_bench
+from dflash_et.reports.bench import PLOT_COLUMNS, BenchConfig, run_bench
 from stages.common import params, run
 
 
@@ -13,8 +14,15 @@ def main(argv: list[str]) -> None:
     p = params()
     metrics, plots = run_bench(programs, int(p["block_size"]), BenchConfig(**p["bench"]))
     for name, rows in plots.items():
-        write_csv(plots_dir / f"{name}.csv", rows)
+        if rows:
+            write_csv(plots_dir / f"{name}.csv", rows)
+        else:  # a skipped bench: the columns, no rows
+            plots_dir.mkdir(parents=True, exist_ok=True)
+            (plots_dir / f"{name}.csv").write_text(",".join(PLOT_COLUMNS[name]) + "\n")
     write_json(report, metrics)
+    if metrics.get("skipped"):
+        print(f"[bench] skipped: {metrics['skipped']}")
+        return
     print(f"[bench] block {metrics['block_size']}: tau {metrics['tau']:.2f}, speedup {metrics['speedup']:.2f}x "
           f"({metrics['dflash_tokens_per_s']:.1f} vs {metrics['ar_tokens_per_s']:.1f} tokens/s), per round: draft "
           f"{metrics['draft_ms_per_round']:.2f} ms, verify {metrics['verify_ms_per_round']:.2f} ms, host "

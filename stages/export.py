@@ -1,4 +1,5 @@
-"""export stage: `python -m stages.export target|draft TARGET_DIR DRAFT_DIR OUT` lowers one program."""
+"""export stage: `python -m stages.export target|draft TARGET_DIR DRAFT_DIR OUT [MEMORY_REPORT]` lowers one
+program; MEMORY_REPORT (a DVC metric) gets the export's peak resident memory."""
 
 from pathlib import Path
 
@@ -8,10 +9,11 @@ from stages.common import params, run
 
 
 def main(argv: list[str]) -> None:
-    kind, target_dir, draft_dir, out = argv
+    kind, target_dir, draft_dir, out, *memory_report = argv
     config = ExportConfig.from_params(params()["export"])
     with staged_dir(Path(out)) as tmp:
-        export_program(kind, Path(target_dir), Path(draft_dir), config, tmp)
+        export_program(kind, Path(target_dir), Path(draft_dir), config, tmp,
+                       Path(memory_report[0]) if memory_report else None)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ from stages.common import params, run
 def main(argv: list[str]) -> None:
     target_dir, out = map(Path, argv)
     p = params()
-    trainer = partial(train_draft, config=TrainConfig(**(p.get("train_draft") or {})))
-    fetch("draft", str(p["model"]["draft"]), out, target_dir=target_dir, train=trainer)
+    embed_scale = p["model"].get("draft_embed_scale")
+    trainer = partial(train_draft, config=TrainConfig(**(p.get("train_draft") or {}), embed_scale=embed_scale))
+    fetch("draft", str(p["model"]["draft"]), out, target_dir=target_dir, train=trainer, embed_scale=embed_scale)
 
 
 if __name__ == "__main__":

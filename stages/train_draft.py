@@ -16,7 +16,8 @@ from stages.common import params, run
 
 def main(argv: list[str]) -> None:
     target_dir, out_dir = map(Path, argv)
-    config = TrainConfig(**(params().get("train_draft") or {}))
+    p = params()
+    config = TrainConfig(**(p.get("train_draft") or {}), embed_scale=p["model"].get("draft_embed_scale"))
     if int(os.environ.get("RANK", "0")) != 0:
         with tempfile.TemporaryDirectory() as scratch:
             train_draft(target_dir, Path(scratch), config)

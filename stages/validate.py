@@ -1,5 +1,6 @@
 """validate stage: `python -m stages.validate PROGRAMS TARGET_DIR DRAFT_DIR REPORT` writes the report
-(a DVC metric) and fails when any check does."""
+(a DVC metric) and fails when any check does; on a host that cannot run the programs it says so in one
+line, writes a `skipped` report and succeeds."""
 
 import sys
 from pathlib import Path
@@ -13,6 +14,9 @@ def main(argv: list[str]) -> None:
     programs, target_dir, draft_dir, report_path = map(Path, argv)
     report = validate(programs, target_dir, draft_dir, ValidateConfig.from_params(params()["validate"]))
     write_json(report_path, report)
+    if report.get("skipped"):
+        print(f"[validate] skipped: {report['skipped']}")
+        return
     print(f"[validate] lossless={report['lossless']} ({report['lossless_fraction']:.0%} of runs) target_rel_err={report['target_rel_err']:.2e} "
           f"draft_rel_err={report['draft_rel_err']:.2e} token_agreement={report['token_agreement']:.4f}")
     if report["divergence"] and not report["failures"]:

@@ -82,16 +82,35 @@ def checkpoint_facts(pair: tuple[Path, Path]) -> dict:
             "target_layer_ids": draft["dflash_config"]["target_layer_ids"]}
 
 
-def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides) -> Path:
-    """A random-weight Hugging Face checkpoint of `family` ("qwen3" or "llama"), saved by transformers."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+GEMMA_SHAPE = dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                   hidden_size_per_layer_input=0, sliding_window=4, final_logit_softcapping=30.0,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                                "sliding_attention", "full_attention"], num_hidden_layers=6)
 
-    config_cls, model_cls = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[family]
+
+def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides) -> Path:
+    """A random-weight Hugging Face checkpoint of `family` (qwen3, llama, gemma4_text, or gemma4: Gemma 4's
+    multimodal wrapper, text only), saved by transformers. Norm weights and Gemma's layer scalars are
+    randomized too: left at their initial ones, a model that skips or swaps them would still match."""
+    import torch
+    from transformers import (Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig,
+                              LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
     shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1)
+    if family.startswith("gemma4"):
+        shape |= GEMMA_SHAPE
+    config = {"qwen3": Qwen3Config, "llama": LlamaConfig}.get(family, Gemma4TextConfig)(**{**shape, **overrides})
+    model_cls = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM, "gemma4_text": Gemma4ForCausalLM,
+                 "gemma4": Gemma4ForConditionalGeneration}[family]
+    if family == "gemma4":
+        config = Gemma4Config(text_config=config.to_dict(), vision_config=None, audio_config=None)
     torch.manual_seed(0)
-    model = model_cls(config_cls(**{**shape, **overrides})).eval()
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(("norm.weight", "layer_scalar")):
+                t.copy_(torch.empty_like(t).uniform_(0.5, 1.5))
     model.save_pretrained(path, max_shard_size="100KB" if shard else "5GB")
     return path
 
@@ -108,6 +127,10 @@ TARGET_CONFIGS = {
     "llama-bias-headdim": ("llama", dict(head_dim=24, attention_bias=True, mlp_bias=True,
                                          tie_word_embeddings=False), False),
     "qwen3-sliding-window": ("qwen3", dict(use_sliding_window=True, sliding_window=5, max_window_layers=2), False),
+    # Gemma 4 31B's layout in small: sliding and full layers with their own head dims, KV heads and RoPE,
+    # K = V on full layers, softcapped logits; the window (4) shorter than the calls
+    "gemma4-text": ("gemma4_text", {}, False),
+    "gemma4-multimodal-sharded": ("gemma4", dict(attention_k_eq_v=False, num_global_key_value_heads=2), True),
 }
 
 

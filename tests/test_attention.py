@@ -5,7 +5,7 @@ calls that write context and block rows, decode, and roll back."""
 import pytest
 import torch
 
-from dflash_et.models.attention import CACHES, AttentionSpec
+from dflash_et.models.attention import CACHES, AttentionSpec, ring_rows
 
 SPECS = {
     "causal-gqa": AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16),
@@ -16,7 +16,7 @@ SPECS = {
 }
 # (start, key rows S, queries T): prefill, decode, a draft-style call (context rows + a block), a verify,
 # a rollback into it, and a call whose window reaches back over rolled-back rows
-CALLS = [(0, 6, 6), (6, 1, 1), (7, 9, 4), (10, 5, 5), (12, 3, 3), (13, 8, 2)]
+CALLS = [(0, 6, 6), (6, 1, 1), (7, 9, 4), (10, 5, 5), (12, 3, 3), (13, 8, 2), (21, 1, 1), (22, 7, 7), (25, 2, 2)]
 
 
 def reference(spec: AttentionSpec, q, keys, values, q_pos):
@@ -31,11 +31,17 @@ def reference(spec: AttentionSpec, q, keys, values, q_pos):
     return out
 
 
-@pytest.mark.parametrize("backend", sorted(CACHES))
+@pytest.mark.parametrize("backend", [*sorted(CACHES), "llama-ring"])
 @pytest.mark.parametrize("name", SPECS)
 def test_backend_matches_reference(backend, name):
+    """`llama-ring`: windowed layers in a ring buffer sized for the longest call (9 key rows)."""
     spec = SPECS[name]
-    cache = CACHES[backend](spec, max_seq_len=32)
+    if backend == "llama-ring":
+        rows = ring_rows(spec, 32, longest_call=max(s for _, s, _ in CALLS))
+        assert (rows is None) == (spec.window is None) and (rows is None or rows < 32)
+        cache = CACHES["llama"](spec, max_seq_len=32, rows=rows)
+    else:
+        cache = CACHES[backend](spec, max_seq_len=32)
     g = torch.Generator().manual_seed(0)
     keys = torch.empty(1, 0, spec.num_kv_heads, spec.head_dim)
     values = keys.clone()
@@ -74,3 +80,20 @@ def test_dense_with_an_explicit_mask_caches_nothing(name):
             AttentionSpec(spec.num_heads, spec.num_kv_heads, spec.head_dim, causal=False, scale=spec.scale),
             q[:, i:i + 1], k[:, visible], v[:, visible], [0])
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("rows", [None, 12])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_llama_windows_in_half_precision(dtype, rows):
+    """llama::custom_sdpa's kernel takes float32 masks only: a half-precision model's window mask must
+    still be float32 (a bf16 mask fails to export, an fp16 one computes NaN)."""
+    spec = SPECS["causal-window-scale"]
+    llama, dense = CACHES["llama"](spec, 32, rows).to(dtype), CACHES["dense"](spec, 32).to(dtype)
+    g = torch.Generator().manual_seed(2)
+    for start, s, t in CALLS[:4]:
+        q = torch.randn(1, t, spec.num_heads, spec.head_dim, generator=g).to(dtype)
+        k, v = (torch.randn(1, s, spec.num_kv_heads, spec.head_dim, generator=g).to(dtype) for _ in range(2))
+        with torch.no_grad():
+            out, expected = (c(q, k, v, start, torch.arange(start, start + s)) for c in (llama, dense))
+        torch.testing.assert_close(out.float(), expected.float(), rtol=1e-2, atol=1e-2)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dflash_et.reports.bench import BenchConfig, run_bench
+from dflash_et.reports.bench import PLOT_COLUMNS, BenchConfig, run_bench
 from dflash_et.data.prompts import load_prompts
 
 
@@ -21,6 +21,7 @@ def test_bench_metrics_and_plots(programs):
     assert len(plots["acceptance"]) == 8
     assert {(r["category"], r["mode"]) for r in plots["tokens_per_s"]} == {
         (c, m) for c in ("math", "code", "chat") for m in ("ar", "dflash")}
+    assert {name: tuple(rows[0]) for name, rows in plots.items()} == PLOT_COLUMNS  # a skipped bench's headers
 
 
 def test_prompts_from_jsonl(tmp_path):

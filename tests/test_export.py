@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import ExportConfig, export_program, quantize
 from dflash_et.export.package import TOKENIZER_FILES, merge_weights, package
 from dflash_et.reports.validate import Limits, ValidateConfig, call_plan, check_lossless, compare_numerics, validate
-from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, checkpoint_facts
+from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs, missing_backend
+from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts
 
 
 def numerics(programs_dir, pair, export_config=None):
@@ -210,9 +211,14 @@ def test_portable_target_runs_without_delegates(trained_pair, tmp_path):
 
 @pytest.mark.parametrize("params, message", [
     ({"backend": "coreml"}, "export.backend='coreml' does not exist; use one of xnnpack, portable, mlx"),
-    ({"quantize": "4w"}, "weight-only configs lower to XNNPACK but compute wrong outputs"),
-    ({"quantize": "int8_weight_only"}, "weight-only"),
-    ({"quantize": "8da4w", "backend": "portable"}, "needs the xnnpack backend"),
+    ({"quantize": "4w"}, "export.quantize=4w needs the mlx backend .*; set export.backend=mlx, or for xnnpack "
+                         "export.quantize=none \\| 8da4w \\| 8da8w$"),
+    ({"quantize": "int8_weight_only"}, "weight-only configs lower to XNNPACK but compute wrong outputs; with mlx use 4w"),
+    ({"quantize": "8da4w", "backend": "portable"}, "needs the xnnpack backend .*for portable export.quantize=none$"),
+    ({"quantize": "8da8w", "backend": "mlx"}, "needs the xnnpack backend .*for mlx export.quantize=none \\| 4w$"),
+    ({"quantize": "4w", "backend": "mlx", "group_size": 16}, "MLX's quantized kernels take groups of 32, 64, 128"),
+    ({"backend": "mlx", "shared_weights": True}, "the mlx delegate keeps every weight inside its .pte; set "
+                                                 "export.shared_weights=false"),
     ({"dtype": "fp64"}, "export.dtype='fp64' does not exist; use one of fp32, fp16, bf16"),
     ({"dtype": "bf16", "quantize": "8da4w"}, "set export.dtype=fp32"),
     ({"max_seq_len": 2}, "max_seq_len >= 4"),
@@ -237,17 +243,60 @@ def test_backend_models_compute_the_eager_models_results(trained_pair, cache):
             torch.testing.assert_close(draft(block, taps, pos), ref_draft(block, ref_taps, pos), rtol=1e-4, atol=1e-4)
 
 
-def test_mlx_programs_lower_with_the_mlx_delegate(trained_pair, tmp_path):
-    config = ExportConfig(backend="mlx", max_seq_len=64)
-    for kind in ("target", "draft"):
-        export_program(kind, *trained_pair, config, tmp_path / kind)
-        summary = json.loads((tmp_path / kind / "export.json").read_text())
-        assert summary["ops"]["delegate_calls"] == 1 and summary["ops"]["delegated"] > 50
-        assert summary["ops"]["portable"] <= 2
-        assert b"MLXBackend" in (tmp_path / kind / f"{kind}.pte").read_bytes()
-        assert summary["metadata"]["get_uses_llama_custom_ops"] is False
-    with pytest.raises(ProgramError, match="cannot be loaded by executorch.runtime"):
-        TargetProgram(tmp_path / "target" / "target.pte")  # MLX runs on Apple silicon only
+def mlx_programs(trained_pair, tmp_path_factory, dtype: str, quantize: str) -> Path:
+    """Packaged MLX programs of the trained pair, lowered once per test run (they lower anywhere; only an
+    executorch built for Apple silicon runs them)."""
+    return built_once(tmp_path_factory, f"mlx-{dtype}-{quantize}", lambda out: build_programs(
+        trained_pair, out, backend="mlx", dtype=dtype, quantize=quantize)) / "programs"
+
+
+@pytest.mark.parametrize("dtype, quantize, bytes_per_weight", [
+    ("fp32", "none", 4),
+    # what ExecuTorch's MLX DFlash export defaults to: bf16 around int4 weight-only Linears and embedding,
+    # packed by the delegate as 4 bits plus a bf16 scale and bias per group of 32 (int8 would be >= 1 byte)
+    ("bf16", "4w", 0.5 + 2 * 2 / 32),
+])
+def test_mlx_programs_lower_with_the_mlx_delegate(trained_pair, tmp_path_factory, dtype, quantize, bytes_per_weight):
+    programs = mlx_programs(trained_pair, tmp_path_factory, dtype, quantize)
+    summary = json.loads((programs / "export.json").read_text())
+    eager = load_pair(*trained_pair, max_seq_len=MAX_SEQ_LEN)
+    for kind, model in zip(("target", "draft"), eager):
+        ops = summary["programs"][kind]["ops"]
+        assert ops["delegate_calls"] == 1 and ops["delegated"] > 50
+        assert ops["portable"] <= 2
+        pte = (programs / f"{kind}.pte").read_bytes()
+        assert b"MLXBackend" in pte
+        assert summary["programs"][kind]["metadata"]["get_uses_llama_custom_ops"] is False
+        weights = sum(p.numel() for p in model.parameters())  # the draft's include the borrowed embedding and head
+        assert bytes_per_weight <= len(pte) / weights < 1.1 * bytes_per_weight, kind
+    if missing_backend(programs):  # MLX runs on Apple silicon only
+        lacks = r"target.pte: programs need the mlx backend \(MLXBackend\), which this host's executorch runtime lacks"
+        with pytest.raises(ProgramError, match=lacks):
+            TargetProgram(programs / "target.pte")
+    else:
+        load_programs(programs)
+
+
+def test_4w_quantizes_linears_and_embedding_and_keeps_a_tied_head_tied(pair, tmp_path):
+    """As ExecuTorch's MLX recipe re-ties lm_head to the embedding: one int4 tensor, in the target and the
+    draft that borrows both."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    from dflash_et.checkpoints import builtin
+    from tests.conftest import random_checkpoint
+
+    target_dir = random_checkpoint(tmp_path / "target", "qwen3", tie_word_embeddings=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(pair[0] / f, target_dir / f)
+    builtin.write_draft(tmp_path / "draft", target_dir)
+    config = ExportConfig(backend="mlx", quantize="4w", dtype="bf16")
+    for model in load_pair(target_dir, tmp_path / "draft", max_seq_len=64)[:2]:
+        quantize(model.to(torch.bfloat16), config)
+        assert model.lm_head.weight is model.embed_tokens.weight
+        layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+        assert layers and all(isinstance(m.weight, IntxUnpackedToInt8Tensor) for m in layers)
+        weight = model.embed_tokens.weight
+        assert weight.target_dtype == torch.int4 and tuple(weight.block_size) == (1, 32)
 
 
 def test_half_precision_programs(trained_pair, tmp_path):
@@ -267,8 +316,6 @@ def test_half_precision_programs(trained_pair, tmp_path):
 
 def test_quantized_shared_weights_programs(trained_pair, tmp_path):
     """8da4w with export.shared_weights: the quantized head is stored once and both programs track eager."""
-    from tests.conftest import build_programs
-
     programs = build_programs(trained_pair, tmp_path, quantize="8da4w", shared_weights=True)
     summary = json.loads((programs / "export.json").read_text())
     assert summary["shared_weights"]["bytes_saved"] > 0

@@ -1,9 +1,10 @@
-"""The built-in tiny model pair: a Qwen3-architecture target and a z-lab-layout DFlash draft.
+"""The built-in tiny targets (Qwen3 or Gemma 4 architecture) and a z-lab-layout DFlash draft.
 
 Model hubs are not always reachable (CI, air-gapped build hosts), yet every stage must run
 end to end. So the project writes its own pair, deterministically (fixed seeds, fixed
-corpus), in exactly the file layout of the real checkpoints (`Qwen/Qwen3-4B`,
-`z-lab/Qwen3-4B-DFlash-b16`): downstream code then has a single path for both.
+corpus), in exactly the file layout of the real checkpoints (`Qwen/Qwen3-4B` with
+`z-lab/Qwen3-4B-DFlash-b16`; `google/gemma-4-31B-it` with `z-lab/gemma-4-31B-it-DFlash`):
+downstream code then has a single path for both.
 """
 
 import json
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig, PreTrainedModel,
+                          PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM)
 
 from dflash_et.checkpoints import zlab
 from dflash_et.data.corpus import samples
@@ -42,6 +44,24 @@ TARGET_SHAPE = dict(
 DRAFT_LAYERS = 2
 DRAFT_BLOCK_SIZE = 16
 
+# Gemma 4 31B's layout in small: its special tokens where Gemma keeps them (`<mask>` is 4, the mask
+# token z-lab's Gemma 4 draft uses), its turn markers, five sliding layers then one full layer with K = V,
+# softcapped logits, tied embeddings. The window (32) is shorter than a prompt plus reply, so the
+# pipeline's programs run past it.
+GEMMA_SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+GEMMA_CHAT_TEMPLATE = (
+    "<bos>{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n{{ message['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+GEMMA_SHAPE = dict(
+    hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=32,
+    layer_types=["sliding_attention"] * 5 + ["full_attention"], hidden_size_per_layer_input=0,
+    final_logit_softcapping=30.0, max_position_embeddings=4096, rms_norm_eps=1e-6,
+)
+FAMILIES = ("qwen3", "gemma4")
+
 
 def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_END, pad: str = ENDOFTEXT,
                     chat_template: str = CHAT_TEMPLATE, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
@@ -62,25 +82,42 @@ def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_EN
     )
 
 
-def write_target(out: Path, trained: bool = True, shape: dict | None = None, training: dict | None = None) -> None:
-    """Write the built-in target: config, generation config, safetensors and tokenizer.
+def _new_target(family: str, shape: dict | None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, list[int]]:
+    """An untrained target of `family`, its tokenizer and EOS ids (the end of a turn and of the text)."""
+    if family == "gemma4":
+        tokenizer = build_tokenizer(GEMMA_SPECIAL_TOKENS, "<end_of_turn>", "<pad>", GEMMA_CHAT_TEMPLATE)
+        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA_SPECIAL_TOKENS}
+        eos = [ids["<end_of_turn>"], ids["<eos>"]]
+        config = Gemma4TextConfig(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, pad_token_id=ids["<pad>"],
+                                  bos_token_id=ids["<bos>"], eos_token_id=eos, dtype="float32",
+                                  **{**GEMMA_SHAPE, **(shape or {})})
+        model_cls = Gemma4ForCausalLM
+    else:
+        tokenizer = build_tokenizer()
+        eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
+        config = Qwen3Config(
+            vocab_size=VOCAB_SIZE, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+            bos_token_id=eos[1], eos_token_id=eos[0], dtype="float32", **{**TARGET_SHAPE, **(shape or {})},
+        )
+        model_cls = Qwen3ForCausalLM
+    torch.manual_seed(SEED)
+    return model_cls(config), tokenizer, eos
+
+
+def write_target(out: Path, trained: bool = True, shape: dict | None = None, training: dict | None = None,
+                 family: str = "qwen3") -> None:
+    """Write a built-in target of `family` (qwen3 or gemma4): config, generation config, safetensors, tokenizer.
 
     `trained`: the default built-in target is a small LM trained here on the project's corpus, so
     its greedy replies follow the corpus and a draft can learn them; untrained, it is random
     weights in the same layout (seconds instead of minutes, for tests). `shape` and `training`
-    override parts of TARGET_SHAPE and TARGET_TRAINING (tests make a smaller trained target).
+    override parts of the family's shape and TARGET_TRAINING (tests make a smaller trained target).
     """
-    tokenizer = build_tokenizer()
-    eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
-    config = Qwen3Config(
-        vocab_size=VOCAB_SIZE, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        bos_token_id=eos[1], eos_token_id=eos[0], dtype="float32", **{**TARGET_SHAPE, **(shape or {})},
-    )
-    torch.manual_seed(SEED)
-    model = Qwen3ForCausalLM(config)
+    model, tokenizer, eos = _new_target(family, shape)
     if trained:
         train_target(model, tokenizer, {**TARGET_TRAINING, **(training or {})})
-    model.generation_config = GenerationConfig(bos_token_id=eos[1], eos_token_id=eos, pad_token_id=eos[1])
+    pad = model.config.bos_token_id if family == "qwen3" else model.config.pad_token_id
+    model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -89,15 +126,16 @@ TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, se
 
 
 @all_cores()
-def train_target(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, t: dict = TARGET_TRAINING) -> None:
-    """Next-token training on corpus chats, each rendered exactly as a generation prompt plus reply."""
+def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: dict = TARGET_TRAINING) -> None:
+    """Next-token training on corpus chats, each rendered exactly as a generation prompt plus a reply that
+    ends with the tokenizer's EOS (the end of a turn)."""
     from tqdm import tqdm
 
     chats = []
     for _, prompt, answer in samples(t["samples"], seed=t["seed"]):
         head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True, enable_thinking=False)
-        chats.append(tokenizer.encode(head + answer + IM_END + "\n"))
+        chats.append(tokenizer.encode(head + answer + tokenizer.eos_token + "\n"))
     gen = torch.Generator().manual_seed(t["seed"])
     opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(

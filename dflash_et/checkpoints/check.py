@@ -6,34 +6,18 @@ on every fetch and every load.
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from torch import nn
 
 from dflash_et.checkpoints import zlab
-from dflash_et.checkpoints.load import (build_draft, build_target, check_weights, checkpoint_id, load_config,
-                                        load_draft, load_target, model_args, target_state_dict, weight_files)
+from dflash_et.checkpoints.load import (build_draft, build_target, check_weights, checkpoint_id, header_shapes,
+                                        load_config, load_draft, load_target, model_args, target_state_dict)
 from dflash_et.errors import CheckpointError
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
-
-
-def _header_shapes(ckpt: Path, name: str) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of every tensor, from the safetensors headers alone (no weights read)."""
-    files = weight_files(ckpt)
-    if not files:
-        raise CheckpointError(f"{name}: no .safetensors weights")
-    shapes = {}
-    for f in files:
-        if not f.exists():
-            raise CheckpointError(f"{name}: shard {f.name} listed in the index is missing")
-        try:
-            with safe_open(f, "pt") as st:
-                shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
-        except SafetensorError as e:
-            raise CheckpointError(f"{name}/{f.name}: unreadable safetensors ({e}); the file is truncated or corrupt, fetch it again") from None
-    return shapes
 
 
 def _config(ckpt: Path, name: str):
@@ -54,9 +38,8 @@ def check_target(ckpt: Path, name: str | None = None) -> None:
     config = _config(ckpt, name)
     if not ((ckpt / "tokenizer.json").exists() or (ckpt / "tokenizer.model").exists()):
         raise CheckpointError(f"{name}: no tokenizer.json or tokenizer.model")
-    with torch.device("meta"):
-        model = build_target(config, [], 1)
-    shapes = target_state_dict(_header_shapes(ckpt, name))
+    model = build_target(config, [], 1, empty=True)
+    shapes = target_state_dict(header_shapes(ckpt, name))
     check_weights(name, model, shapes, ("lm_head.weight",) if model.args.tie_word_embeddings else ())
 
 
@@ -68,7 +51,7 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
         raise CheckpointError(f"{name}: config.json architectures is not ['DFlashDraftModel']")
     settings = zlab.draft_settings(draft)
     t = model_args(target)
-    shapes = _header_shapes(draft_dir, name)
+    shapes = header_shapes(draft_dir, name)
     mismatches = []
     if draft.hidden_size != t.hidden_size:
         mismatches.append(f"draft hidden_size {draft.hidden_size} != target hidden_size {t.hidden_size}")
@@ -85,8 +68,7 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
                           f"target hidden_size {t.hidden_size}")
     if mismatches:
         raise CheckpointError(f"{name} does not fit target {target_dir}: {'; '.join(mismatches)}")
-    with torch.device("meta"):
-        model = build_draft(draft, t, 1)
+    model = build_draft(draft, t, 1, empty=True)
     check_weights(name, model, shapes, zlab.BORROWED)
     report = draft_dir / "train_draft.json"  # written by train_draft: which target the draft learned
     trained_for = json.loads(report.read_text()).get("target_checkpoint_id") if report.is_file() else None
@@ -96,12 +78,15 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
                               "its train_draft.json to use it anyway")
 
 
-def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int,
-              cache: str = "dense") -> tuple[Target, Draft, zlab.DraftSettings]:
+def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int, cache: str = "dense",
+              dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None,
+              ring_call: int | None = None, target_only: tuple[str, ...] | None = None,
+              ) -> tuple[Target, Draft, zlab.DraftSettings]:
     """Both models of a checked pair, the target tapping the layers the draft reads; `cache` is the
-    attention backend (`dense` to run eagerly, the backend's ops to export)."""
+    attention backend (`dense` to run eagerly, the backend's ops to export), `dtype` the weights', and
+    `prepare`, `ring_call`, `target_only` as in load.load_target."""
     check_target(target_dir)
     check_pair(target_dir, draft_dir)
     settings = zlab.draft_settings(load_config(draft_dir))
-    target = load_target(target_dir, settings.target_layer_ids, max_seq_len, cache)
-    return target, load_draft(draft_dir, target, cache), settings
+    target = load_target(target_dir, settings.target_layer_ids, max_seq_len, cache, dtype, prepare, ring_call, target_only)
+    return target, load_draft(draft_dir, target, cache, dtype, prepare), settings

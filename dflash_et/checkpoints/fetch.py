@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_et.checkpoints import builtin
+from dflash_et.checkpoints import builtin, zlab
 from dflash_et.checkpoints.check import check_pair, check_target
 from dflash_et.checkpoints.load import write_checkpoint_id
 from dflash_et.errors import CheckpointError
@@ -20,6 +20,7 @@ from dflash_et.files import staged_dir
 
 BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
 BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
+BUILTIN_GEMMA = "builtin-gemma"    # a Gemma 4-architecture target trained the same way (model.target only)
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -32,18 +33,22 @@ HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 Trainer = Callable[[Path, Path], object]  # (target_dir, out_dir): writes a draft trained for the target
 
 
-def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: Trainer | None = None) -> None:
+def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: Trainer | None = None,
+          embed_scale: float | None = None) -> None:
     """Put the `role` ("target" or "draft") checkpoint named by `source` at `out`, checked, with its
     fingerprint stored beside it (see `checkpoints.load.checkpoint_id`).
 
     A draft is checked against the target already at `target_dir`; source `train` calls `train`
     to make one for it (the stage passes draft training; checkpoints never import training).
+    `embed_scale` (model.draft_embed_scale) is written into the draft's dflash_config: the scale of
+    its block embedding, instead of the target's own (see zlab.DraftSettings).
     """
     param = f"model.{role}"
     with staged_dir(out) as tmp:
-        if source in (BUILTIN, BUILTIN_RANDOM):
+        if source in (BUILTIN, BUILTIN_RANDOM) or (source == BUILTIN_GEMMA and role == "target"):
             if role == "target":
-                builtin.write_target(tmp, trained=source == BUILTIN)
+                builtin.write_target(tmp, trained=source != BUILTIN_RANDOM,
+                                     family="gemma4" if source == BUILTIN_GEMMA else "qwen3")
             else:
                 builtin.write_draft(tmp, target_dir)
         elif source == TRAIN and role == "draft":
@@ -56,9 +61,12 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
             _download(source, tmp, param)
         else:
             raise CheckpointError(
-                f"{param}={source!r} is neither '{BUILTIN}', an existing directory, nor a hub id like "
+                f"{param}={source!r} is neither '{BUILTIN}'{f', {BUILTIN_GEMMA!r}' if role == 'target' else ''}, "
+                "an existing directory, nor a hub id like "
                 "'Qwen/Qwen3-4B[@revision]'"
             )
+        if embed_scale is not None and role == "draft" and source != TRAIN:  # a trained draft learned with it
+            zlab.set_embed_scale(tmp, embed_scale)
         check_target(tmp, source) if role == "target" else check_pair(target_dir, tmp, source)
         write_checkpoint_id(tmp)
 

@@ -6,52 +6,99 @@ does not match its config fails here with a one-line error instead of computing 
 
 import hashlib
 import json
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
+from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from dflash_et.checkpoints import zlab
 from dflash_et.errors import CheckpointError
 from dflash_et.models.attention import AttentionSpec
 from dflash_et.models.block import ModelArgs
+from dflash_et.models.layers import ACTIVATIONS
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
 
-SUPPORTED_TARGETS = ("qwen3", "llama")
+SUPPORTED_TARGETS = ("qwen3", "llama", "gemma4_text", "gemma4")
 FINGERPRINT = "fingerprint.json"  # written beside a fetched checkpoint (see checkpoint_id)
+# Gemma 4 features of the small (E2B/E4B) and MoE checkpoints the project does not build
+GEMMA_UNSUPPORTED = {"hidden_size_per_layer_input": "per-layer embeddings", "num_kv_shared_layers": "KV sharing",
+                     "enable_moe_block": "mixture-of-experts blocks", "use_double_wide_mlp": "double-wide MLPs"}
 
 
-def model_args(c: PretrainedConfig, causal: bool = True) -> ModelArgs:
-    """The stack's shape from a config; `layer_types` with `sliding_window` give per-layer windows."""
+def text_config(c: PretrainedConfig) -> PretrainedConfig:
+    """The language model's config: Gemma 4's multimodal wrapper keeps it in `text_config`."""
+    if c.model_type != "gemma4":
+        return c
+    if getattr(c, "text_config", None) is None:
+        raise CheckpointError("gemma4 config.json has no text_config; use the checkpoint's original config.json")
+    return c.text_config
+
+
+def _gemma_spec(c: PretrainedConfig, i: int, causal: bool) -> AttentionSpec:
+    """Gemma 4 layer i: sliding layers and full layers differ in head dim, KV heads, K = V and RoPE."""
+    for key, feature in GEMMA_UNSUPPORTED.items():
+        if getattr(c, key, None):
+            raise CheckpointError(f"Gemma 4 {feature} ({key}={getattr(c, key)}) are not supported; the 31B layout is")
+    kind, layer = c.layer_types[i], c.per_layer_config[i]
+    full = kind == "full_attention"
+    return AttentionSpec(num_heads=c.num_attention_heads, num_kv_heads=layer.num_key_value_heads,
+                         head_dim=layer.head_dim, qk_norm=True, v_norm=True, bias=bool(c.attention_bias),
+                         causal=causal, window=None if full else c.sliding_window, scale=1.0,
+                         k_eq_v=bool(c.attention_k_eq_v) and full, rope=kind)
+
+
+def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
+    """The stack's shape from a config; `layer_types` with `sliding_window` give per-layer windows.
+
+    `causal=None` is z-lab's rule for drafts: sliding layers are causal inside the block, full
+    layers see the whole block (z-lab's Gemma 4 draft has both kinds)."""
+    c = text_config(c)
+    gemma = c.model_type == "gemma4_text"
     layer_types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
     window = getattr(c, "sliding_window", None)
+    act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise CheckpointError(f"{c.model_type} config: activation {act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
 
-    def spec(kind: str) -> AttentionSpec:
+    def spec(i: int, kind: str) -> AttentionSpec:
+        if gemma:
+            return _gemma_spec(c, i, causal)
         return AttentionSpec(
             num_heads=c.num_attention_heads,
             num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
             head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            qk_norm=c.model_type == "qwen3", bias=bool(getattr(c, "attention_bias", False)), causal=causal,
+            qk_norm=c.model_type == "qwen3", bias=bool(getattr(c, "attention_bias", False)),
+            causal=kind == "sliding_attention" if causal is None else causal,
             window=window if kind == "sliding_attention" else None)
 
     return ModelArgs(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         rms_norm_eps=c.rms_norm_eps, mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
-        layers=tuple(spec(kind) for kind in layer_types[:c.num_hidden_layers]))
+        layers=tuple(spec(i, kind) for i, kind in enumerate(layer_types[:c.num_hidden_layers])),
+        hidden_act=act, sandwich_norms=gemma, layer_scalar=gemma, embed_scale=c.hidden_size ** 0.5 if gemma else 1.0,
+        logit_softcap=getattr(c, "final_logit_softcapping", None))
 
 
-def rope_table(config: PretrainedConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for positions 0..max_seq_len-1, using transformers' own RoPE variants (llama3, yarn, ...)."""
-    rope = LlamaRotaryEmbedding(config)
-    freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), rope.inv_freq.float())
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos() * rope.attention_scaling, emb.sin() * rope.attention_scaling
+def rope_tables(config: PretrainedConfig, max_seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """cos/sin for positions 0..max_seq_len-1 from transformers' own RoPE code (llama3, yarn, Gemma 4's
+    proportional, ...): one table, or for Gemma 4 one per layer type (their head dims and thetas differ)."""
+    c = text_config(config)
+    positions = torch.arange(max_seq_len)[None]
+    x = torch.zeros(1, dtype=torch.float32)
+    if c.model_type == "gemma4_text":
+        rope = Gemma4TextRotaryEmbedding(c)
+        return {kind: tuple(t[0] for t in rope(x, positions, kind)) for kind in sorted(set(c.layer_types))}
+    cos, sin = LlamaRotaryEmbedding(c)(x, positions)
+    return {"default": (cos[0], sin[0])}
 
 
 def weight_files(ckpt: Path) -> list[Path]:
@@ -92,11 +139,21 @@ def checkpoint_id(ckpt: Path) -> int:
     return compute_checkpoint_id(ckpt)
 
 
-def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    weights: dict[str, torch.Tensor] = {}
-    for f in weight_files(ckpt):
-        weights |= load_file(f)
-    return weights
+def header_shapes(ckpt: Path, name: str) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every tensor, from the safetensors headers alone (no weights read)."""
+    files = weight_files(ckpt)
+    if not files:
+        raise CheckpointError(f"{name}: no .safetensors weights")
+    shapes = {}
+    for f in files:
+        if not f.exists():
+            raise CheckpointError(f"{name}: shard {f.name} listed in the index is missing")
+        try:
+            with safe_open(f, "pt") as st:
+                shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+        except SafetensorError as e:
+            raise CheckpointError(f"{name}/{f.name}: unreadable safetensors ({e}); the file is truncated or corrupt, fetch it again") from None
+    return shapes
 
 
 def eos_ids(target_dir: Path) -> list[int]:
@@ -111,25 +168,45 @@ def eos_ids(target_dir: Path) -> list[int]:
 
 
 def load_config(ckpt: Path) -> PretrainedConfig:
+    raw = json.loads((ckpt / "config.json").read_text())
+    if raw.get("model_type") == "gemma4" and "text_config" not in raw:  # transformers would default it silently
+        raise CheckpointError(f"{ckpt}/config.json: a gemma4 config without text_config; use the checkpoint's "
+                              "original config.json (or a gemma4_text one)")
     return AutoConfig.from_pretrained(ckpt)
 
 
-def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: int, cache: str = "dense") -> Target:
+def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: int, cache: str = "dense",
+                 empty: bool = False, ring_call: int | None = None) -> Target:
+    """The target's modules; `empty`: parameters and caches on the meta device (no memory) until loaded;
+    `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens."""
     if config.model_type not in SUPPORTED_TARGETS:
         raise CheckpointError(f"target model_type {config.model_type!r} is not supported; use one of {SUPPORTED_TARGETS}")
-    return Target(model_args(config), rope_table(config, max_seq_len), layer_ids, cache)
+    rope = rope_tables(config, max_seq_len)
+    with torch.device("meta") if empty else nullcontext():
+        return Target(model_args(config), rope, layer_ids, cache, ring_call)
 
 
-def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, cache: str = "dense") -> Draft:
+def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, cache: str = "dense",
+                empty: bool = False) -> Draft:
     """The draft's modules; its vocabulary and embedding width are the target's, whose head it borrows."""
     settings = zlab.draft_settings(draft_config)
-    args = replace(model_args(draft_config, causal=False), vocab_size=target.vocab_size)
-    return Draft(args, rope_table(draft_config, max_seq_len), len(settings.target_layer_ids), target.hidden_size,
-                 settings.embed_scale, settings.logit_scale, cache)
+    embed_scale = settings.embed_scale if settings.embed_scale is not None else \
+        target.embed_scale * settings.input_embedding_scale
+    args = replace(model_args(draft_config, causal=settings.causal), vocab_size=target.vocab_size,
+                   embed_scale=embed_scale, logit_softcap=settings.logit_softcap)
+    rope = rope_tables(draft_config, max_seq_len)
+    with torch.device("meta") if empty else nullcontext():
+        return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, cache)
+
+
+MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's wrapper: the text model; vision and audio are ignored
 
 
 def target_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF names (`model.layers.0...`) to ours (`layers.0...`); rotary buffers some old checkpoints carry are dropped."""
+    """HF names (`model.layers.0...`, or the multimodal wrapper's `model.language_model.layers.0...`) to
+    ours (`layers.0...`); rotary buffers some old checkpoints carry are dropped."""
+    if any(k.startswith(MULTIMODAL_PREFIX) for k in weights):
+        return {k.removeprefix(MULTIMODAL_PREFIX): v for k, v in weights.items() if k.startswith(MULTIMODAL_PREFIX)}
     return {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb" not in k}
 
 
@@ -146,23 +223,49 @@ def check_weights(name: str, module: nn.Module, actual: dict[str, tuple[int, ...
         raise CheckpointError(f"{name}: weights do not match its config.json ({'; '.join(problems)})")
 
 
-def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], name: str, optional: tuple[str, ...] = ()) -> None:
-    check_weights(name, module, {k: tuple(v.shape) for k, v in state.items()}, optional)
-    dtypes = {k: v.dtype for k, v in module.state_dict().items()}
-    module.load_state_dict({k: v.to(dtypes[k]) for k, v in state.items()}, strict=False)
+def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict], dtype: torch.dtype,
+          optional: tuple[str, ...] = (), prepare: Callable[[nn.Module], None] | None = None,
+          only: tuple[str, ...] | None = None) -> None:
+    """Load an `empty` model's weights in `dtype`, one safetensors shard at a time, so the peak is the model
+    in `dtype` plus one shard, never a float32 copy of it all. `prepare` (quantization) runs on each decoder
+    layer as soon as its weights are in, so a quantized export never holds all layers unquantized either.
+    `only`: load just these parameters (the rest stay on the meta device, taking no memory)."""
+    check_weights(name, model, rename(header_shapes(ckpt, name)), optional)
+    layers = getattr(model, "layers", [])
+    prepared = set()
+    for f in weight_files(ckpt):
+        with safe_open(f, "pt") as st:
+            keys = {ours: theirs for ours, theirs in rename({k: k for k in st.keys()}).items()
+                    if only is None or ours in only}
+            model.load_state_dict({ours: st.get_tensor(theirs).to(dtype) for ours, theirs in keys.items()},
+                                  strict=False, assign=True)
+        for i, layer in enumerate(layers):
+            if prepare is not None and i not in prepared and not any(p.is_meta for p in layer.parameters()):
+                prepare(layer)
+                prepared.add(i)
+    for module in model.modules():  # the KV caches: zeros, allocated once, in dtype
+        for key, buf in module._buffers.items():
+            if buf is not None and buf.is_meta and only is None:
+                module._buffers[key] = torch.zeros(buf.shape, dtype=dtype if buf.is_floating_point() else buf.dtype)
+    model.rope.to(dtype)  # the RoPE tables (parameters may be quantized by now: left alone)
 
 
-def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, cache: str = "dense") -> Target:
-    """The target in float32, with weights from its safetensors (sharded or not)."""
-    model = build_target(load_config(target_dir), layer_ids, max_seq_len, cache)
+def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, cache: str = "dense",
+                dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None,
+                ring_call: int | None = None, only: tuple[str, ...] | None = None) -> Target:
+    """The target in `dtype`, with weights from its safetensors (sharded or not); `only` as in `_fill`
+    (exporting the draft needs just the target's embedding and head)."""
+    model = build_target(load_config(target_dir), layer_ids, max_seq_len, cache, empty=True, ring_call=ring_call)
     optional = ("lm_head.weight",) if model.args.tie_word_embeddings else ()
-    _load_strict(model, target_state_dict(read_weights(target_dir)), f"target {target_dir}", optional)
+    _fill(model, target_dir, f"target {target_dir}", target_state_dict, dtype, optional, prepare, only)
+    model.tie_weights()
     return model.eval()
 
 
-def load_draft(draft_dir: Path, target: Target, cache: str = "dense") -> Draft:
-    """The draft in float32: every z-lab key used, none missing; embedding and head from `target`."""
-    model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, cache)
-    _load_strict(model, read_weights(draft_dir), f"draft {draft_dir}", optional=zlab.BORROWED)
+def load_draft(draft_dir: Path, target: Target, cache: str = "dense", dtype: torch.dtype = torch.float32,
+               prepare: Callable[[nn.Module], None] | None = None) -> Draft:
+    """The draft in `dtype`: every z-lab key used, none missing; embedding and head from `target`."""
+    model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, cache, empty=True)
     zlab.borrow(model, target)
+    _fill(model, draft_dir, f"draft {draft_dir}", dict, dtype, zlab.BORROWED, prepare)
     return model.eval()

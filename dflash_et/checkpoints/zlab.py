@@ -27,8 +27,14 @@ class DraftSettings:
     target_layer_ids: list[int]
     mask_token_id: int
     block_size: int
-    embed_scale: float = 1.0
+    # The block's embedding is the target's embedding times `embed_scale`; unset, the target's own
+    # scale (sqrt(hidden) for Gemma) times `input_embedding_scale`, as z-lab's Gemma 4 integrations
+    # (MLX, SGLang, its vLLM patch) embed it. dflash 0.1.0's torch model skips the target's scale.
+    embed_scale: float | None = None
+    input_embedding_scale: float = 1.0
     logit_scale: float = 1.0
+    logit_softcap: float | None = None
+    causal: bool | None = None  # None: sliding layers causal, full layers not (z-lab's rule)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -47,8 +53,16 @@ def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
     mask = dflash.get("mask_token_id", getattr(draft_config, "mask_token_id", None))
     if mask is None:
         raise CheckpointError("draft config has no dflash_config.mask_token_id: not a DFlash draft checkpoint")
+    def setting(key: str, default=None):  # z-lab reads dflash_config first, then the config's top level
+        return dflash.get(key, getattr(draft_config, key, default))
+
+    softcap, embed_scale, causal = setting("final_logit_softcapping"), setting("embed_scale"), setting("causal")
     return DraftSettings(list(layer_ids), int(mask), int(getattr(draft_config, "block_size", 16)),
-                         float(dflash.get("input_embedding_scale", 1.0)), float(dflash.get("output_multiplier", 1.0)))
+                         embed_scale=None if embed_scale is None else float(embed_scale),
+                         input_embedding_scale=float(setting("input_embedding_scale", 1.0)),
+                         logit_scale=float(setting("output_multiplier", 1.0)),
+                         logit_softcap=float(softcap) if softcap and softcap > 0 else None,
+                         causal=setting("is_causal", causal))
 
 
 def choose_mask_token(target_dir: Path, vocab_size: int) -> int:
@@ -71,10 +85,16 @@ def choose_mask_token(target_dir: Path, vocab_size: int) -> int:
 
 
 def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: int) -> dict:
-    """A z-lab DFlash draft config.json for `target` (its config.json as a dict): same widths, own depth."""
+    """A z-lab DFlash draft config.json for `target` (its config.json as a dict): same widths, own depth.
+
+    For a Gemma 4 target it is z-lab's Gemma 4 draft layout: sliding layers (twice the target's window)
+    then one full layer, RoPE theta of the target's full layers, logits softcapped like the target's.
+    """
+    target = target.get("text_config") or target  # Gemma 4's multimodal wrapper
     rope = target.get("rope_parameters") or {"rope_theta": target.get("rope_theta", 10000.0)}
+    rope = rope.get("full_attention", rope)  # Gemma 4: one RoPE per layer type
     head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
-    return {
+    config = {
         "architectures": ["DFlashDraftModel"],
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "model_type": "qwen3",
@@ -90,6 +110,11 @@ def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: 
         "max_position_embeddings": target["max_position_embeddings"], "attention_bias": False,
         "hidden_act": "silu", "tie_word_embeddings": False, "dtype": "float32",
     }
+    if target.get("model_type") == "gemma4_text":
+        config |= {"layer_types": ["sliding_attention"] * (num_layers - 1) + ["full_attention"],
+                   "use_sliding_window": True, "sliding_window": 2 * target["sliding_window"],
+                   "final_logit_softcapping": target.get("final_logit_softcapping")}
+    return config
 
 
 def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -128,6 +153,15 @@ def save_draft(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> Non
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     kept = {k: v.detach().contiguous() for k, v in weights.items() if k not in BORROWED}
     save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def set_embed_scale(draft_dir: Path, scale: float) -> None:
+    """Pin the draft's block-embedding scale in its config.json (`dflash_config.embed_scale`, the key
+    ExecuTorch's MLX DFlash example reads too)."""
+    path = draft_dir / "config.json"
+    config = json.loads(path.read_text())
+    config.setdefault("dflash_config", {})["embed_scale"] = float(scale)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def borrow(draft: nn.Module, target: nn.Module) -> None:

@@ -6,24 +6,51 @@ max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-
 """
 
 import json
+import resource
 import time
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch.export import Dim, export
 
 from dflash_et.checkpoints.check import load_pair
-from dflash_et.checkpoints.load import checkpoint_id, eos_ids
-from dflash_et.checkpoints.zlab import BORROWED, DraftSettings
+from dflash_et.checkpoints.load import checkpoint_id, eos_ids, load_config
+from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
+from dflash_et.files import write_json
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 CACHE_OF_BACKEND = {"xnnpack": "llama", "portable": "llama", "mlx": "mlx"}  # models.attention.CACHES
-QUANTIZE = {"none": None, "8da4w": torch.int4, "8da8w": torch.int8}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """One `export.quantize` recipe: which backend's kernels run it, and the torchao weights it makes."""
+
+    backend: str
+    weight_dtype: torch.dtype
+    dynamic_activations: bool  # int8 dynamic activations on Linears (XNNPACK); else weight-only, embedding too
+    kernels: str               # what runs it, for the error that refuses another backend
+
+
+QUANTIZE: dict[str, Quantization | None] = {
+    "none": None,
+    "8da4w": Quantization("xnnpack", torch.int4, True, "its int8 dynamic-activation kernels"),
+    "8da8w": Quantization("xnnpack", torch.int8, True, "its int8 dynamic-activation kernels"),
+    # ExecuTorch's MLX LLM exports: int4 weight-only Linears and embedding (MLX's quantized matmul and
+    # gather; XNNPACK lowers weight-only configs but computes wrong outputs)
+    "4w": Quantization("mlx", torch.int4, False, "its int4 quantized matmul and gather kernels"),
+}
+MLX_GROUP_SIZES = (32, 64, 128)  # MLX's quantized kernels exist for these group sizes only
+# Sliding-window layers of the target: a ring buffer of window + longest call - 1 rows (llama ops; MLX keeps
+# full length), or a full-length cache under a window mask. Measured in the README: at long positions the
+# ring is faster, since the masked kernel attends over every row.
+SLIDING_CACHES = ("ring", "full")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROGRAM_KINDS = ("target", "draft")
 WEIGHTS_TAG = "weights"  # with export.shared_weights, the weights both programs use go to <kind>.ptd
@@ -44,6 +71,7 @@ class ExportConfig:
     prefill_chunk: int = 64
     max_block_size: int | None = None
     shared_weights: bool = False
+    sliding_cache: str = "ring"  # ring | full: how the target's sliding-window layers cache K/V (see check)
 
     @classmethod
     def from_params(cls, params: dict) -> "ExportConfig":
@@ -59,33 +87,70 @@ class ExportConfig:
         if self.backend not in BACKENDS:
             raise ExportError(f"export.backend={self.backend!r} does not exist; use one of {', '.join(BACKENDS)}")
         if self.quantize not in QUANTIZE:
-            hint = (" (torchao's weight-only configs lower to XNNPACK but compute wrong outputs)"
+            hint = (" (torchao's weight-only configs lower to XNNPACK but compute wrong outputs; with mlx use 4w)"
                     if "w" in self.quantize and "da" not in self.quantize else "")
             raise ExportError(f"export.quantize={self.quantize!r} is not supported{hint}; "
                               f"use one of {', '.join(QUANTIZE)}")
-        if self.quantize != "none" and self.backend != "xnnpack":
-            raise ExportError(f"export.quantize={self.quantize} needs the xnnpack backend (its int8 dynamic-"
-                              f"activation kernels); {self.backend} cannot run it: set export.quantize=none")
+        q = QUANTIZE[self.quantize]
+        if q is not None and q.backend != self.backend:
+            fits = [name for name, other in QUANTIZE.items() if other is None or other.backend == self.backend]
+            raise ExportError(f"export.quantize={self.quantize} needs the {q.backend} backend ({q.kernels}); set "
+                              f"export.backend={q.backend}, or for {self.backend} export.quantize={' | '.join(fits)}")
         if self.dtype not in DTYPES:
             raise ExportError(f"export.dtype={self.dtype!r} does not exist; use one of {', '.join(DTYPES)}")
-        if self.quantize != "none" and self.dtype != "fp32":
+        if q is not None and q.dynamic_activations and self.dtype != "fp32":
             raise ExportError(f"export.quantize={self.quantize} computes in fp32 around its int8/int4 kernels; "
                               f"set export.dtype=fp32 (not {self.dtype})")
+        if q is not None and q.backend == "mlx" and self.group_size not in MLX_GROUP_SIZES:
+            raise ExportError(f"export.group_size={self.group_size}: MLX's quantized kernels take groups of "
+                              f"{', '.join(map(str, MLX_GROUP_SIZES))}; set one of them")
+        if self.shared_weights and self.backend == "mlx":  # its preprocess stores every constant in the .pte
+            raise ExportError("export.shared_weights needs the xnnpack backend: the mlx delegate keeps every weight "
+                              "inside its .pte; set export.shared_weights=false")
+        if self.sliding_cache not in SLIDING_CACHES:
+            raise ExportError(f"export.sliding_cache={self.sliding_cache!r} does not exist; use one of "
+                              f"{', '.join(SLIDING_CACHES)}")
         if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
             raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
 
 
 def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
-    """8-bit dynamic activations with int4/int8 grouped weights on every Linear (torchao, XNNPACK kernels)."""
-    if QUANTIZE[config.quantize] is None:
+    """Quantize `model` in place with torchao, as `export.quantize` says (validate quantizes the eager twin
+    the same way).
+
+    XNNPACK (8da4w, 8da8w): int8 dynamic activations with int4 grouped / int8 per-channel weights on every
+    Linear. MLX (4w): ExecuTorch's MLX LLM recipe (executorch/extension/llm/export/quantize.py `4w`, with
+    backends/mlx/examples/llm/dflash/export.py quantizing Linears and the embedding alike): int4 weight-only,
+    grouped, HQQ scales, on every Linear and the embedding, which MLX lowers to its quantized matmul and
+    gather. A head tied to the embedding is tied again afterwards (as that recipe does), so it stays one tensor.
+    """
+    q = QUANTIZE[config.quantize]
+    if q is None:
         return
     from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
 
-    weight_dtype = QUANTIZE[config.quantize]
-    granularity = PerGroup(config.group_size) if weight_dtype == torch.int4 else PerAxis(0)
-    quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=weight_dtype, weight_granularity=granularity))
+    granularity = PerGroup(config.group_size) if q.weight_dtype == torch.int4 else PerAxis(0)
+    if q.dynamic_activations:
+        quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=q.weight_dtype,
+                                                               weight_granularity=granularity),
+                  filter_fn=lambda module, _: isinstance(module, torch.nn.Linear) and not _quantized(module))
+        return
+    tied = hasattr(model, "lm_head") and model.lm_head.weight is model.embed_tokens.weight
+    recipe = IntxWeightOnlyConfig(weight_dtype=q.weight_dtype, granularity=granularity,
+                                  intx_choose_qparams_algorithm="hqq_scale_only")
+    quantize_(model, recipe, filter_fn=lambda module, _: isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
+              and not _quantized(module))
+    if tied:
+        model.lm_head.weight = model.embed_tokens.weight
+
+
+def _quantized(module: torch.nn.Module) -> bool:
+    """Already quantized (export quantizes each layer as it loads, then the rest), or not loaded at all."""
+    from torchao.utils import TorchAOBaseTensor
+
+    return isinstance(module.weight, TorchAOBaseTensor) or module.weight.is_meta
 
 
 def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
@@ -172,16 +237,27 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
                      "get_max_context": config.max_seq_len - 2}
 
 
-def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path) -> dict:
-    """Write `<kind>.pte` and `export.json` (a summary) into `out_dir`; returns the summary."""
+def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path,
+                   memory_report: Path | None = None) -> dict:
+    """Write `<kind>.pte` and `export.json` (a summary) into `out_dir`; returns the summary.
+
+    The weights are read in the export dtype, shard by shard, and quantized layer by layer as they
+    arrive; exporting the draft reads only the target's embedding and head. The process's peak
+    resident memory (the figure to size a build host by) goes to `memory_report`, not export.json:
+    it varies run to run, and package, validate and bench read export.json.
+    """
     config.check()
     t0 = time.perf_counter()
-    target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len, CACHE_OF_BACKEND[config.backend])
+    settings = draft_settings(load_config(draft_dir))
     max_block = config.max_block_size or settings.block_size
     if not 2 <= max_block <= config.max_seq_len - 2:
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
-    model = (target if kind == "target" else draft).to(DTYPES[config.dtype])
-    quantize(model, config)
+    ring = max(config.prefill_chunk, max_block) if config.sliding_cache == "ring" and config.backend != "mlx" else None
+    target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len, CACHE_OF_BACKEND[config.backend],
+                                        DTYPES[config.dtype], partial(quantize, config=config), ring,
+                                        target_only=None if kind == "target" else BORROWED)
+    model = target if kind == "target" else draft
+    quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
     meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings)
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
     program, ops = lower(model, config, max_block, meta)
@@ -192,9 +268,20 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     if config.shared_weights:
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
-    # no timings in export.json: package, validate and bench depend on it, and must not rerun for a clock
+    # no timings or memory in export.json: package, validate and bench depend on it, and must not rerun for them
     summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "config": asdict(config), "metadata": meta}
     (out_dir / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    memory = peak_memory(model)
+    if memory_report is not None:
+        write_json(memory_report, memory)
     print(f"[export] {kind}.pte {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} portable ops, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return summary
+          f"peak RSS {memory['peak_rss_bytes'] / 2**30:.2f} GiB ({memory['peak_bytes_per_parameter']:.2f} bytes per "
+          f"parameter), {time.perf_counter() - t0:.0f} s", flush=True)
+    return summary | {"memory": memory}
+
+
+def peak_memory(model: torch.nn.Module) -> dict:
+    """This process's peak resident memory so far, and per parameter of the exported model."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    parameters = sum(p.numel() for p in model.parameters())
+    return {"peak_rss_bytes": peak, "parameters": parameters, "peak_bytes_per_parameter": round(peak / parameters, 3)}

@@ -1,6 +1,6 @@
 """Attention with its KV cache, one cache class per backend, chosen when the model is built.
 
-`Attention` owns the projections, q/k norms and RoPE; its `cache` writes the call's K/V rows and
+`Attention` owns the projections, q/k/v norms and RoPE; its `cache` writes the call's K/V rows and
 attends. Every backend has the same contract, so the decode loops, the export and training never
 ask which one runs:
 
@@ -18,7 +18,9 @@ nothing ever looks past the current call's end.
   an explicit `mask` [T,S] it attends over the given K/V only and caches nothing: that is how
   training runs many draft blocks in one call.
 
-A sliding window is a mask over a full-length cache, which survives any rollback.
+A sliding window is a mask over a full-length cache, which survives any rollback; or, for
+`LlamaOpsCache` given `rows` (see `ring_rows`), a ring buffer of window + longest call - 1 rows,
+which survives rolling back within the last call (all DFlash ever does).
 """
 
 from dataclasses import dataclass
@@ -42,6 +44,9 @@ class AttentionSpec:
     causal: bool = True
     window: int | None = None     # a query at p sees keys at p-window+1 .. (p, or the call's end if not causal)
     scale: float | None = None    # None: head_dim ** -0.5
+    v_norm: bool = False          # a weightless RMS norm on V (Gemma 4)
+    k_eq_v: bool = False          # no v_proj: V is the raw K projection (Gemma 4's full layers)
+    rope: str = "default"         # which of the model's RoPE tables (Gemma 4: one per layer type)
 
     @property
     def softmax_scale(self) -> float:
@@ -70,16 +75,31 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(mask, 0.0, float("-inf")).to(dtype)
 
 
+def ring_rows(spec: AttentionSpec, max_seq_len: int, longest_call: int | None) -> int | None:
+    """Rows of a sliding layer's ring buffer: a call of T tokens must still see the window before its
+    first query, and a rollback must not expose rows the last call overwrote: window + T - 1. None
+    (a full-length cache) when there is no window, no ring asked for, or it would not be shorter."""
+    if spec.window is None or longest_call is None:
+        return None
+    rows = spec.window + longest_call - 1
+    return rows if rows < max_seq_len else None
+
+
 class KVCache(nn.Module):
-    """Static K/V buffers [1, max_seq_len, Hkv, D] (rows are positions) and the layer's spec."""
+    """Static K/V buffers [1, rows, Hkv, D] and the layer's spec. Row p holds position p, or with a
+    ring (`rows` < max_seq_len) position p lands in row p % rows."""
 
     heads_first = False
+    has_ring = False
 
-    def __init__(self, spec: AttentionSpec, max_seq_len: int):
+    def __init__(self, spec: AttentionSpec, max_seq_len: int, rows: int | None = None):
         super().__init__()
-        self.spec = spec
-        shape = (1, spec.num_kv_heads, max_seq_len, spec.head_dim) if self.heads_first else \
-            (1, max_seq_len, spec.num_kv_heads, spec.head_dim)
+        if rows is not None and not self.has_ring:
+            raise ValueError(f"{type(self).__name__} has no ring buffer; its sliding layers keep full-length caches")
+        self.spec, self.ring = spec, rows is not None
+        rows = rows or max_seq_len
+        shape = (1, spec.num_kv_heads, rows, spec.head_dim) if self.heads_first else \
+            (1, rows, spec.num_kv_heads, spec.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
@@ -93,19 +113,41 @@ class KVCache(nn.Module):
         return additive(allowed(self.spec, q_pos, k_pos) & (k_pos < end)[None, :], dtype)
 
 
+    def ring_mask(self, end: int, t: int, dtype: torch.dtype) -> torch.Tensor:
+        """The float mask [t, rows] over a ring: row j holds the last position before `end` that is j modulo
+        rows (negative: never written)."""
+        rows = self.k_cache.shape[1]
+        j = torch.arange(rows)
+        held = j + torch.div(end - 1 - j, rows, rounding_mode="floor") * rows
+        return additive(allowed(self.spec, torch.arange(end - t, end), held) & (held >= 0)[None, :], dtype)
+
+
+# llama::custom_sdpa's kernel takes float32 masks only, whatever the model's dtype
+LLAMA_MASK_DTYPE = torch.float32
+
+
 class LlamaOpsCache(KVCache):
-    def __init__(self, spec: AttentionSpec, max_seq_len: int):
+    has_ring = True
+
+    def __init__(self, spec: AttentionSpec, max_seq_len: int, rows: int | None = None):
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers torch.ops.llama.*)
 
-        super().__init__(spec, max_seq_len)
+        super().__init__(spec, max_seq_len, rows)
 
     def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | None = None):
         t, s = q.shape[1], k.shape[1]
+        if self.ring:
+            rows = positions % self.k_cache.shape[1]
+            self.k_cache.index_copy_(1, rows, k)
+            self.v_cache.index_copy_(1, rows, v)
+            return torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, start + s - t,
+                                               self.ring_mask(start + s, t, LLAMA_MASK_DTYPE), 0, False,
+                                               self.spec.softmax_scale)
         torch.ops.llama.update_cache(k, self.k_cache, start)
         torch.ops.llama.update_cache(v, self.v_cache, start)
         q_start = start + s - t
         # with a mask, the kernel attends over the whole cache: the mask covers every row
-        window = self.window_mask(start + s, t, self.k_cache.shape[1], q.dtype)
+        window = self.window_mask(start + s, t, self.k_cache.shape[1], LLAMA_MASK_DTYPE)
         causal = self.spec.causal and window is None
         return torch.ops.llama.custom_sdpa(q, self.k_cache, self.v_cache, q_start, window, 0, causal,
                                            self.spec.softmax_scale)
@@ -114,11 +156,11 @@ class LlamaOpsCache(KVCache):
 class MlxOpsCache(KVCache):
     heads_first = True
 
-    def __init__(self, spec: AttentionSpec, max_seq_len: int):
+    def __init__(self, spec: AttentionSpec, max_seq_len: int, rows: int | None = None):
         from dflash_et.models.mlx_ops import ensure_mlx_backend
 
         ensure_mlx_backend()  # registers torch.ops.mlx.*
-        super().__init__(spec, max_seq_len)
+        super().__init__(spec, max_seq_len, rows)
 
     def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | None = None):
         t, s = q.shape[1], k.shape[1]
@@ -159,21 +201,28 @@ class Attention(nn.Module):
         self.spec = spec
         self.q_proj = nn.Linear(hidden_size, spec.num_heads * spec.head_dim, bias=spec.bias)
         self.k_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
-        self.v_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
+        if not spec.k_eq_v:
+            self.v_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
         self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, hidden_size, bias=spec.bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, eps)
             self.k_norm = RMSNorm(spec.head_dim, eps)
+        if spec.v_norm:
+            self.v_norm = RMSNorm(spec.head_dim, eps, weight=False)
         self.cache = cache
 
-    def forward(self, x: torch.Tensor, kv_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_in: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                start: int, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`rope` holds cos/sin [S, D] of the key rows' positions for each of the model's tables."""
         spec, t, s = self.spec, x.shape[1], kv_in.shape[1]
+        cos, sin = rope[spec.rope]
         q = self.q_proj(x).view(1, t, spec.num_heads, spec.head_dim)
         k = self.k_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
-        v = self.v_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
+        v = k if spec.k_eq_v else self.v_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
         if spec.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if spec.v_norm:
+            v = self.v_norm(v)
         q = apply_rope(q, cos[s - t:s], sin[s - t:s])  # explicit ends: the MLX partitioner rejects open slices
         k = apply_rope(k, cos, sin)
         y = self.cache(q, k, v, start, positions, mask)

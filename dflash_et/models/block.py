@@ -1,17 +1,23 @@
-"""A transformer stack's shape and its pre-norm decoder layer, shared by the target and the draft."""
+"""A transformer stack's shape, its RoPE tables and its decoder layer, shared by the target and the draft."""
 
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from dflash_et.models.attention import CACHES, Attention, AttentionSpec
+from dflash_et.models.attention import CACHES, Attention, AttentionSpec, ring_rows
 from dflash_et.models.layers import MLP, RMSNorm
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """The shape of one transformer stack; each layer carries its own attention spec."""
+    """The shape of one transformer stack; each layer carries its own attention spec.
+
+    The Gemma 4 variants are flags here, not a second model: `sandwich_norms` also norms each
+    branch's output (four norms per layer), `layer_scalar` multiplies each layer's output by a
+    stored scalar, `embed_scale` multiplies the embedding (sqrt(hidden), rounded to the weights'
+    dtype), `logit_softcap` bounds the logits to (-cap, cap) with tanh.
+    """
 
     vocab_size: int
     hidden_size: int
@@ -20,28 +26,74 @@ class ModelArgs:
     mlp_bias: bool
     tie_word_embeddings: bool
     layers: tuple[AttentionSpec, ...]
+    hidden_act: str = "silu"
+    sandwich_norms: bool = False
+    layer_scalar: bool = False
+    embed_scale: float = 1.0
+    logit_softcap: float | None = None
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
 
-class Block(nn.Module):
-    """A pre-norm decoder layer. With `ctx` (a draft layer), K/V also cover the un-normed context rows."""
+class Rope(nn.Module):
+    """The model's cos/sin tables [max_seq_len, D], one per name that layers' specs refer to."""
 
-    def __init__(self, a: ModelArgs, spec: AttentionSpec, max_seq_len: int, cache: str):
+    def __init__(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         super().__init__()
-        self.self_attn = Attention(a.hidden_size, spec, a.rms_norm_eps, CACHES[cache](spec, max_seq_len))
-        self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias)
-        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.names = sorted(tables)
+        for name in self.names:
+            self.register_buffer(f"cos_{name}", tables[name][0], persistent=False)
+            self.register_buffer(f"sin_{name}", tables[name][1], persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, positions: torch.Tensor,
-                ctx: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def max_seq_len(self) -> int:
+        return getattr(self, f"cos_{self.names[0]}").shape[0]
+
+    def forward(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {n: (getattr(self, f"cos_{n}")[positions], getattr(self, f"sin_{n}")[positions]) for n in self.names}
+
+
+def scale_embedding(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Multiply by `scale` rounded to x's dtype first, as Gemma does (sqrt(5376) = 73.32 is 73.5 in bf16)."""
+    return x if scale == 1.0 else x * torch.tensor(scale, dtype=x.dtype)
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class Block(nn.Module):
+    """A pre-norm decoder layer. With `ctx` (a draft layer), K/V also cover the un-normed context rows.
+    `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens (see attention)."""
+
+    def __init__(self, a: ModelArgs, spec: AttentionSpec, max_seq_len: int, cache: str, ring_call: int | None = None):
+        super().__init__()
+        self.sandwich = a.sandwich_norms
+        kv = CACHES[cache](spec, max_seq_len, ring_rows(spec, max_seq_len, ring_call))
+        self.self_attn = Attention(a.hidden_size, spec, a.rms_norm_eps, kv)
+        self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        # Llama/Qwen: the MLP's input norm. Gemma: the attention output's norm, then two around the MLP.
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        if a.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        if a.layer_scalar:
+            self.register_buffer("layer_scalar", torch.ones(1))
+
+    def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+                positions: torch.Tensor, ctx: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.input_layernorm(x)
         kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)
-        x = x + self.self_attn(h, kv_in, cos, sin, start, positions, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(h, kv_in, rope, start, positions, mask)
+        if not self.sandwich:
+            x = x + attn
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(attn)
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x * self.layer_scalar if hasattr(self, "layer_scalar") else x
 
 
 def start_position(input_pos: torch.Tensor, length: int, max_seq_len: int) -> int:

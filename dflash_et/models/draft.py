@@ -13,26 +13,24 @@ and logits come back for every row.
 import torch
 from torch import nn
 
-from dflash_et.models.block import Block, ModelArgs, start_position
+from dflash_et.models.block import Block, ModelArgs, Rope, scale_embedding, softcap, start_position
 from dflash_et.models.layers import RMSNorm
 
 
 class Draft(nn.Module):
     """The draft's own layers, with the target's embedding and head (borrowed, see checkpoints.zlab)."""
 
-    def __init__(self, a: ModelArgs, rope: tuple[torch.Tensor, torch.Tensor], num_taps: int, target_hidden: int,
-                 embed_scale: float = 1.0, logit_scale: float = 1.0, cache: str = "dense"):
+    def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], num_taps: int,
+                 target_hidden: int, logit_scale: float = 1.0, cache: str = "dense"):
         super().__init__()
-        self.args, self.max_seq_len = a, rope[0].shape[0]
-        self.embed_scale, self.logit_scale = embed_scale, logit_scale
+        self.rope = Rope(rope)
+        self.args, self.max_seq_len, self.logit_scale = a, self.rope.max_seq_len, logit_scale
         self.embed_tokens = nn.Embedding(a.vocab_size, target_hidden)
         self.lm_head = nn.Linear(target_hidden, a.vocab_size, bias=False)
         self.fc = nn.Linear(num_taps * target_hidden, a.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.register_buffer("rope_cos", rope[0], persistent=False)
-        self.register_buffer("rope_sin", rope[1], persistent=False)
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
                 block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,11 +41,11 @@ class Draft(nn.Module):
         else:
             start = 0  # training: nothing is cached
         positions = torch.cat([input_pos, block_pos])
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        rope = self.rope(positions)
         ctx = self.hidden_norm(self.fc(hidden))
-        x = self.embed_tokens(tokens) * self.embed_scale
+        x = scale_embedding(self.embed_tokens(tokens), self.args.embed_scale)
         for layer in self.layers:
-            x = layer(x, cos, sin, start, positions, ctx, block_mask)
+            x = layer(x, rope, start, positions, ctx, block_mask)
         if block_mask is None:
             x = x[:, 1:b]  # the anchor's row predicts nothing; explicit end, as in Attention
-        return self.lm_head(self.norm(x)) * self.logit_scale
+        return softcap(self.lm_head(self.norm(x)) * self.logit_scale, self.args.logit_softcap)

@@ -8,35 +8,39 @@ earlier position, since attention never looks past the current call.
 import torch
 from torch import nn
 
-from dflash_et.models.block import Block, ModelArgs, start_position
+from dflash_et.models.block import Block, ModelArgs, Rope, scale_embedding, softcap, start_position
 from dflash_et.models.layers import RMSNorm
 
 
 class Target(nn.Module):
-    """A Qwen3/Llama-style causal LM; `cache` names the attention backend (see models.attention)."""
+    """A Qwen3/Llama/Gemma 4-style causal LM; `cache` names the attention backend (see models.attention),
+    `ring_call` makes sliding layers keep ring buffers for calls of at most that many tokens."""
 
-    def __init__(self, a: ModelArgs, rope: tuple[torch.Tensor, torch.Tensor], layer_ids: list[int],
-                 cache: str = "dense"):
+    def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], layer_ids: list[int],
+                 cache: str = "dense", ring_call: int | None = None):
         super().__init__()
-        self.args, self.layer_ids, self.max_seq_len = a, list(layer_ids), rope[0].shape[0]
+        self.rope = Rope(rope)
+        self.args, self.layer_ids, self.max_seq_len = a, list(layer_ids), self.rope.max_seq_len
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache) for spec in a.layers)
+        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache, ring_call) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
-        if a.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Tied checkpoints store the embedding only; loading assigns it, so the head is pointed at it again."""
+        if self.args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.register_buffer("rope_cos", rope[0], persistent=False)
-        self.register_buffer("rope_sin", rope[1], persistent=False)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start = start_position(input_pos, tokens.shape[1], self.max_seq_len)
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]
-        x = self.embed_tokens(tokens)
+        rope = self.rope(input_pos)
+        x = scale_embedding(self.embed_tokens(tokens), self.args.embed_scale)
         taps = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, start, input_pos)
+            x = layer(x, rope, start, input_pos)
             taps[i] = x
         x = self.norm(x)
         # transformers' hidden_states[L] (the last layer's output) is taken after the final norm.
         taps[len(self.layers) - 1] = x
-        return self.lm_head(x), torch.cat([taps[i] for i in self.layer_ids], dim=-1)
+        return softcap(self.lm_head(x), self.args.logit_softcap), torch.cat([taps[i] for i in self.layer_ids], dim=-1)

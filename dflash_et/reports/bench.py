@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import Generation, pooled_tau
+from dflash_et.runtime.programs import missing_backend
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
 
 
@@ -29,6 +30,10 @@ class BenchConfig:
     repeats: int = 3
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
     latency_repeats: int = 5    # target calls timed per T for the latency curve
+
+
+PLOT_COLUMNS = {"acceptance": ("accepted", "rounds"), "target_latency": ("tokens", "ms"),
+                "tokens_per_s": ("category", "mode", "tokens_per_s")}  # the plots dvc.yaml declares
 
 
 def target_latency_ms(engine: Engine, max_t: int, repeats: int) -> dict[int, float]:
@@ -54,10 +59,16 @@ def _throughput(runs: list[Generation]) -> float:
 
 def run_bench(programs_dir: Path, block_size: int, config: BenchConfig) -> tuple[dict, dict]:
     """Returns (metrics, plots): the bench.json metrics and the rows of each plot. Everything comes from
-    the programs directory (programs and tokenizer), as a user who only pulled it has."""
+    the programs directory (programs and tokenizer), as a user who only pulled it has.
+
+    Programs this host cannot run (MLX ones anywhere but Apple silicon) give metrics that say `skipped`
+    and why, and plots with no rows, so the pipeline goes on and bench runs where they can."""
     rows = load_prompts(config.prompts, config.num_prompts)  # first: a bad prompt source fails before any load
     if not rows:
         raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
+    skipped = missing_backend(programs_dir)
+    if skipped:
+        return {"block_size": block_size, "skipped": skipped}, {name: [] for name in PLOT_COLUMNS}
     engine = Engine(programs_dir)
     engine.check_block_size(block_size)
     tok = tokenizer(programs_dir)

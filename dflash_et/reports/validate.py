@@ -17,7 +17,7 @@ from dflash_et.checkpoints.check import load_pair
 from dflash_et.export.lower import DTYPES, ExportConfig, quantize
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
-from dflash_et.runtime.programs import ProgramError, load_programs
+from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
 from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 
 
@@ -134,7 +134,14 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
 
 
 def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
-    """Run every check; returns the report (with `failures`, empty when all passed)."""
+    """Run every check; returns the report (with `failures`, empty when all passed).
+
+    Programs this host cannot run (MLX ones anywhere but Apple silicon) are not a failure of the programs:
+    the report is then `skipped` with the reason, so the pipeline goes on and validate runs where they can.
+    """
+    skipped = missing_backend(programs_dir)
+    if skipped:
+        return {"skipped": skipped, "failures": []}
     programs = load_programs(programs_dir)
     for program, ckpt in zip(programs, (target_dir, draft_dir)):
         if program.meta.get("checkpoint_id") != checkpoint_id(ckpt):

@@ -5,11 +5,39 @@ loops in `generate.py` drive them unchanged. Every limit a runner needs comes fr
 programs' own constant methods.
 """
 
+import json
 from pathlib import Path
 
 import torch
 
 from dflash_et.errors import ProgramError
+
+# export.backend -> the id its delegate registers in the ExecuTorch runtime, and where that runtime has it
+# (portable programs need no delegate)
+RUNTIME_BACKENDS = {"xnnpack": ("XnnpackBackend", "a host whose executorch wheel has XNNPACK"),
+                    "mlx": ("MLXBackend", "Apple silicon")}
+
+
+def missing_backend(programs_dir: Path) -> str | None:
+    """Why this host cannot run the programs in `programs_dir`, or None when it can (or nothing says).
+
+    The backend they were lowered to is in their export.json (export and package both write it). MLX
+    programs lower anywhere but only an executorch built for Apple silicon has their delegate; loading
+    them elsewhere fails with an opaque runtime error, so validate and bench ask this first and skip.
+    """
+    summary = programs_dir / "export.json"
+    if not summary.is_file():
+        return None
+    backend = json.loads(summary.read_text()).get("config", {}).get("backend")
+    if backend not in RUNTIME_BACKENDS:
+        return None
+    from executorch.runtime import Runtime
+
+    name, where = RUNTIME_BACKENDS[backend]
+    if Runtime.get().backend_registry.is_available(name):
+        return None
+    return (f"programs need the {backend} backend ({name}), which this host's executorch runtime lacks; "
+            f"run them on {where}")
 
 
 class Program:
@@ -25,6 +53,9 @@ class Program:
             raise ProgramError(f"{pte} does not exist; run `dvc repro` (or `dvc pull`) to build the programs")
         if ptd is not None and not ptd.is_file():
             raise ProgramError(f"{ptd} does not exist; {pte.name} keeps its weights there (export.shared_weights)")
+        why = missing_backend(pte.parent)
+        if why:
+            raise ProgramError(f"{pte}: {why}")
         self.path = pte
         try:
             self.program = Runtime.get().load_program(pte, data_path=ptd)

@@ -52,6 +52,7 @@ class TrainConfig:
     max_new_tokens: int = 48
     max_seq_len: int = 512
     mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
+    embed_scale: float | None = None  # model.draft_embed_scale: None, the target's own (see zlab.DraftSettings)
     seed: int = 0
 
 
@@ -137,6 +138,8 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
     if mask is None:
         mask = zlab.choose_mask_token(target_dir, target.args.vocab_size)
     draft_cfg = zlab.draft_config(target_config, mask, config.num_layers, config.block_size)
+    if config.embed_scale is not None:
+        draft_cfg["dflash_config"]["embed_scale"] = float(config.embed_scale)
     from transformers import Qwen3Config
 
     draft = build_draft(Qwen3Config(**draft_cfg), target.args, config.max_seq_len)

@@ -33,15 +33,6 @@ GEMMA_UNSUPPORTED = {"hidden_size_per_layer_input": "per-layer embeddings", "num
                      "enable_moe_block": "mixture-of-experts blocks", "use_double_wide_mlp": "double-wide MLPs"}
 
 
-def text_config(c: PretrainedConfig) -> PretrainedConfig:
-    """The language model's config: Gemma 4's multimodal wrapper keeps it in `text_config`."""
-    if c.model_type != "gemma4":
-        return c
-    if getattr(c, "text_config", None) is None:
-        raise CheckpointError("gemma4 config.json has no text_config; use the checkpoint's original config.json")
-    return c.text_config
-
-
 def _gemma_spec(c: PretrainedConfig, i: int, causal: bool) -> AttentionSpec:
     """Gemma 4 layer i: sliding layers and full layers differ in head dim, KV heads, K = V and RoPE."""
     for key, feature in GEMMA_UNSUPPORTED.items():
@@ -60,7 +51,7 @@ def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
 
     `causal=None` is z-lab's rule for drafts: sliding layers are causal inside the block, full
     layers see the whole block (z-lab's Gemma 4 draft has both kinds)."""
-    c = text_config(c)
+    c = c.get_text_config()
     gemma = c.model_type == "gemma4_text"
     layer_types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
     window = getattr(c, "sliding_window", None)
@@ -91,7 +82,7 @@ def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
 def rope_tables(config: PretrainedConfig, max_seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """cos/sin for positions 0..max_seq_len-1 from transformers' own RoPE code (llama3, yarn, Gemma 4's
     proportional, ...): one table, or for Gemma 4 one per layer type (their head dims and thetas differ)."""
-    c = text_config(config)
+    c = config.get_text_config()
     positions = torch.arange(max_seq_len)[None]
     x = torch.zeros(1, dtype=torch.float32)
     if c.model_type == "gemma4_text":

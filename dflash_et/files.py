@@ -31,12 +31,13 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    """Rows of one DVC plot (all with the same keys) as CSV."""
+def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...] | None = None) -> None:
+    """Rows of one DVC plot (all with the same keys) as CSV; with `columns`, those (and a header even
+    when there are no rows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(columns or rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)

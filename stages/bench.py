@@ -13,12 +13,8 @@ def main(argv: list[str]) -> None:
     programs, report, plots_dir = map(Path, argv)
     p = params()
     metrics, plots = run_bench(programs, int(p["block_size"]), BenchConfig(**p["bench"]))
-    for name, rows in plots.items():
-        if rows:
-            write_csv(plots_dir / f"{name}.csv", rows)
-        else:  # a skipped bench: the columns, no rows
-            plots_dir.mkdir(parents=True, exist_ok=True)
-            (plots_dir / f"{name}.csv").write_text(",".join(PLOT_COLUMNS[name]) + "\n")
+    for name, rows in plots.items():  # a skipped bench has no rows: the columns still go out
+        write_csv(plots_dir / f"{name}.csv", rows, PLOT_COLUMNS[name])
     write_json(report, metrics)
     if metrics.get("skipped"):
         print(f"[bench] skipped: {metrics['skipped']}")

@@ -222,6 +222,7 @@ def test_portable_target_runs_without_delegates(trained_pair, tmp_path):
     ({"dtype": "fp64"}, "export.dtype='fp64' does not exist; use one of fp32, fp16, bf16"),
     ({"dtype": "bf16", "quantize": "8da4w"}, "set export.dtype=fp32"),
     ({"max_seq_len": 2}, "max_seq_len >= 4"),
+    ({"sliding_cache": "window"}, "export.sliding_cache='window' does not exist; use one of ring, full"),
     ({"colour": "red"}, "unknown export params \\['colour'\\]"),
 ])
 def test_bad_export_settings(params, message):

@@ -35,9 +35,6 @@ GEMMA_UNSUPPORTED = {"hidden_size_per_layer_input": "per-layer embeddings", "num
 
 def _gemma_spec(c: PretrainedConfig, i: int, causal: bool) -> AttentionSpec:
     """Gemma 4 layer i: sliding layers and full layers differ in head dim, KV heads, K = V and RoPE."""
-    for key, feature in GEMMA_UNSUPPORTED.items():
-        if getattr(c, key, None):
-            raise CheckpointError(f"Gemma 4 {feature} ({key}={getattr(c, key)}) are not supported; the 31B layout is")
     kind, layer = c.layer_types[i], c.per_layer_config[i]
     full = kind == "full_attention"
     return AttentionSpec(num_heads=c.num_attention_heads, num_kv_heads=layer.num_key_value_heads,
@@ -53,6 +50,9 @@ def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
     layers see the whole block (z-lab's Gemma 4 draft has both kinds)."""
     c = c.get_text_config()
     gemma = c.model_type == "gemma4_text"
+    for key, feature in GEMMA_UNSUPPORTED.items() if gemma else ():
+        if getattr(c, key, None):
+            raise CheckpointError(f"Gemma 4 {feature} ({key}={getattr(c, key)}) are not supported; the 31B layout is")
     layer_types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
     window = getattr(c, "sliding_window", None)
     act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", "silu")

@@ -2,10 +2,12 @@
 
 import argparse
 import json
+import random
 import sys
 from pathlib import Path
 
 from dflash_et.runtime.engine import Engine
+from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 from dflash_et.errors import UserError
 from dflash_et.data.prompts import encode_chat, tokenizer
 
@@ -15,7 +17,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate a reply to one prompt",
                        description="Generate a reply to one user prompt (chat template applied, Qwen3 thinking off) "
-                                   "with target.pte + draft.pte, greedily, and print tau and tokens/s.")
+                                   "with target.pte + draft.pte, and print tau and tokens/s. Greedy unless "
+                                   "--temperature or --sample; sampled DFlash has exactly the target's distribution.")
     g.add_argument("--prompt", required=True, help="the user message")
     g.add_argument("--programs", type=Path, default=Path("artifacts/programs"),
                    help="directory with target.pte, draft.pte (and shared.ptd) (default: %(default)s)")
@@ -26,14 +29,53 @@ def parser() -> argparse.ArgumentParser:
                    help="DFlash block: last token + proposals (default: the largest draft.pte supports)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: %(default)s)")
     g.add_argument("--json", action="store_true",
-                   help="print one JSON object {tokens, text, tau, tokens_per_s} instead of streaming text")
+                   help="print one JSON object per completion {tokens, text, tau, tokens_per_s, seed} instead of "
+                        "streaming text")
+    s = g.add_argument_group("sampling (default: greedy)")
+    s.add_argument("--sample", action="store_true",
+                   help="sample with the checkpoint's recommended settings (carried by target.pte); the options "
+                        "below override them")
+    s.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
+    s.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the most likely tokens "
+                                                              "covering this probability, in (0, 1]")
+    s.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (k >= 1)")
+    s.add_argument("--proposals", choices=PROPOSALS, default=None,
+                   help="the draft's proposals when sampling: its argmax (default) or samples from it; both exact")
+    s.add_argument("--seed", type=int, default=None,
+                   help="seed of every draw (default: a fresh one, printed); the same seed gives the same tokens")
+    s.add_argument("--num-samples", type=int, default=1, help="independent completions to generate (default: 1)")
     return p
 
 
+def sampling(args: argparse.Namespace, engine: Engine) -> Sampling:
+    """The settings the flags ask for: the programs' recommended ones with --sample, else greedy unless
+    --temperature; a fresh seed (reported) unless --seed."""
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    flags = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+             "proposals": args.proposals, "seed": seed}
+    if args.sample:
+        return engine.recommended(**flags)
+    if args.temperature is None and (args.top_p is not None or args.top_k is not None):
+        raise UserError("--top-p and --top-k shape sampling: give --temperature too, or --sample for the "
+                        "checkpoint's recommended settings")
+    return Sampling(**{k: v for k, v in flags.items() if v is not None})
+
+
 def generate(args: argparse.Namespace) -> None:
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
     engine = Engine(args.programs)
+    sampler = Sampler(sampling(args, engine))  # one generator for all completions: the seed fixes them all
     tok = tokenizer(args.tokenizer or args.programs)
     prompt = encode_chat(tok, args.prompt)
+    for i in range(args.num_samples):
+        if args.num_samples > 1 and not args.json:
+            print(f"--- sample {i + 1} of {args.num_samples} ---")
+        complete(args, engine, sampler, tok, prompt)
+
+
+def complete(args: argparse.Namespace, engine: Engine, sampler: Sampler, tok, prompt: list[int]) -> None:
+    """One completion, streamed as text (or printed as one JSON line)."""
     emitted: list[int] = []
     shown = ""
 
@@ -48,16 +90,20 @@ def generate(args: argparse.Namespace) -> None:
 
     on_tokens = None if args.json else stream
     if args.ar:
-        out = engine.ar(prompt, args.max_new_tokens, on_tokens)
+        out = engine.ar(prompt, args.max_new_tokens, on_tokens, sampler)
     else:
-        out = engine.dflash(prompt, args.max_new_tokens, args.block_size, on_tokens)
+        out = engine.dflash(prompt, args.max_new_tokens, args.block_size, on_tokens, sampler)
     text = tok.decode(out.tokens, skip_special_tokens=True)
+    settings = sampler.sampling
     if args.json:
-        print(json.dumps({"tokens": out.tokens, "text": text, "tau": out.tau, "tokens_per_s": out.tokens_per_s}))
+        print(json.dumps({"tokens": out.tokens, "text": text, "tau": out.tau, "tokens_per_s": out.tokens_per_s,
+                          **({} if settings.greedy else {"seed": settings.seed})}), flush=True)
     else:
         sys.stdout.write(text[len(shown):] + "\n")
+        how = "greedy" if settings.greedy else (f"temperature {settings.temperature:g}, top-p {settings.top_p:g}, "
+                                                f"top-k {settings.top_k or 'off'}, seed {settings.seed}")
         print(f"[{'ar' if args.ar else 'dflash'}] {len(out.tokens)} tokens, tau {out.tau:.2f}, "
-              f"{out.tokens_per_s:.1f} tokens/s", file=sys.stderr)
+              f"{out.tokens_per_s:.1f} tokens/s ({how})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

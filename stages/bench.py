@@ -19,10 +19,11 @@ def main(argv: list[str]) -> None:
     if metrics.get("skipped"):
         print(f"[bench] skipped: {metrics['skipped']}")
         return
+    exact = f"lossless={metrics['lossless']}" if "lossless" in metrics else f"sampling {metrics['sampling']}"
     print(f"[bench] block {metrics['block_size']}: tau {metrics['tau']:.2f}, speedup {metrics['speedup']:.2f}x "
           f"({metrics['dflash_tokens_per_s']:.1f} vs {metrics['ar_tokens_per_s']:.1f} tokens/s), per round: draft "
           f"{metrics['draft_ms_per_round']:.2f} ms, verify {metrics['verify_ms_per_round']:.2f} ms, host "
-          f"{metrics['host_ms_per_round']:.2f} ms; lossless={metrics['lossless']}")
+          f"{metrics['host_ms_per_round']:.2f} ms; {exact}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The DVC pipeline as a user drives it: repro on a local Llama-layout target with a draft trained for it,
-a no-op repro, a forced export that rewrites the same bytes, a block_size experiment compared with main,
+a no-op repro, a forced export that rewrites the same bytes, a block_size and temperature experiment
+compared with main,
 push, and in a fresh clone pull, generate and `dvc artifacts get`."""
 
 import json
@@ -17,7 +18,8 @@ from tests.conftest import REPO, chat_checkpoint
 SMALL = {"block_size": 4, "model": {"draft": "train"},  # the target: a local Llama-layout checkpoint (no mask token)
          "train_draft": {"steps": 30, "num_prompts": 12, "heldout": 2, "max_new_tokens": 16, "block_size": 4,
                          "anchors": 4, "num_layers": 1},
-         "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12},
+         "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12,
+                                                                        "sampling": {"samples": 200, "prompts": 1}},
          "bench": {"num_prompts": 3, "max_new_tokens": 12, "latency_repeats": 1, "repeats": 1}}
 ALL_STAGES = {"fetch_target", "fetch_draft", "export_target", "export_draft", "package", "validate", "bench"}
 
@@ -69,6 +71,7 @@ def test_repro_then_nothing_to_do(project):
         assert (project / f).is_file(), f
     report = json.loads((project / "reports/validate.json").read_text())
     assert report["lossless"] and report["failures"] == []
+    assert report["sampling"]["same_distribution"] and report["sampling"]["tests"] == 12  # 2 modes x 6 tokens
     draft = json.loads((project / "artifacts/weights/draft/config.json").read_text())
     target = json.loads((project / "artifacts/weights/target/config.json").read_text())
     assert draft["dflash_config"]["mask_token_id"] < target["vocab_size"]  # a reserved token: the tokenizer has no mask
@@ -96,10 +99,11 @@ def test_forced_export_that_writes_the_same_bytes_reruns_nothing_downstream(proj
     sh(project, "git", "checkout", "-q", "--", "dvc.lock", "reports")  # the committed measurement back
 
 
-def test_block_size_experiment_reruns_only_bench_and_compares_with_main(project):
-    out = sh(project, "dvc", "exp", "run", "-S", "block_size=2")
+def test_bench_experiment_reruns_only_bench_and_compares_with_main(project):
+    out = sh(project, "dvc", "exp", "run", "-S", "block_size=2", "-S", "bench.temperature=0.7")
     assert ran(out) == {"bench"}
-    assert json.loads((project / "reports/bench.json").read_text())["block_size"] == 2
+    bench = json.loads((project / "reports/bench.json").read_text())
+    assert bench["block_size"] == 2 and bench["sampling"]["temperature"] == 0.7 and "lossless" not in bench
     table = sh(project, "dvc", "exp", "show", "--md", "--only-changed")
     main_row = next(line for line in table.splitlines() if "main" in line or "workspace" in line)
     assert "!" not in main_row.replace("!=", ""), table  # main's metrics are in git, not missing

@@ -104,6 +104,12 @@ def _new_target(family: str, shape: dict | None) -> tuple[PreTrainedModel, PreTr
     return model_cls(config), tokenizer, eos
 
 
+# What the real families' generation_config.json recommend (Qwen3 with thinking off, as the built-in
+# chats are; Gemma 4), so the built-in targets carry sampling settings as real checkpoints do
+RECOMMENDED_SAMPLING = {"qwen3": dict(temperature=0.7, top_p=0.8, top_k=20),
+                        "gemma4": dict(temperature=1.0, top_p=0.95, top_k=64)}
+
+
 def write_target(out: Path, trained: bool = True, shape: dict | None = None, training: dict | None = None,
                  family: str = "qwen3") -> None:
     """Write a built-in target of `family` (qwen3 or gemma4): config, generation config, safetensors, tokenizer.
@@ -117,7 +123,8 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
     if trained:
         train_target(model, tokenizer, {**TARGET_TRAINING, **(training or {})})
     pad = model.config.bos_token_id if family == "qwen3" else model.config.pad_token_id
-    model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad)
+    model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad,
+                                               do_sample=True, **RECOMMENDED_SAMPLING[family])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

@@ -158,6 +158,27 @@ def eos_ids(target_dir: Path) -> list[int]:
     return []
 
 
+# transformers' `generate` defaults for what a sampling generation_config.json leaves unset
+GENERATE_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def recommended_sampling(target_dir: Path) -> dict:
+    """The checkpoint's recommended sampling, from generation_config.json: what `generate` would sample with.
+
+    Greedy checkpoints (`do_sample` false or unset, or no generation_config.json) recommend temperature
+    0; unset values take `generate`'s defaults, so `--sample` behaves as `model.generate()` on the
+    checkpoint would. top_k 0 means none.
+    """
+    from transformers import GenerationConfig
+
+    config = (GenerationConfig.from_pretrained(target_dir) if (target_dir / "generation_config.json").exists()
+              else GenerationConfig())
+    if not config.do_sample:
+        return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    value = {k: GENERATE_DEFAULTS[k] if getattr(config, k) is None else getattr(config, k) for k in GENERATE_DEFAULTS}
+    return {"temperature": float(value["temperature"]), "top_p": float(value["top_p"]), "top_k": int(value["top_k"])}
+
+
 def load_config(ckpt: Path) -> PretrainedConfig:
     raw = json.loads((ckpt / "config.json").read_text())
     if raw.get("model_type") == "gemma4" and "text_config" not in raw:  # transformers would default it silently

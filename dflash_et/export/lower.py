@@ -16,7 +16,7 @@ import torch
 from torch.export import Dim, export
 
 from dflash_et.checkpoints.check import load_pair
-from dflash_et.checkpoints.load import checkpoint_id, eos_ids, load_config
+from dflash_et.checkpoints.load import checkpoint_id, eos_ids, load_config, recommended_sampling
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.files import write_json
@@ -230,8 +230,9 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
               "get_target_layer_ids": settings.target_layer_ids,
               "get_uses_llama_custom_ops": config.backend != "mlx"}
     if kind == "target":
-        return common | {"get_checkpoint_id": checkpoint_id(target_dir), "get_eos_ids": eos_ids(target_dir),
-                         "get_max_chunk": max(config.prefill_chunk, max_block)}
+        sampling = {f"get_{k}": v for k, v in recommended_sampling(target_dir).items()}
+        return common | sampling | {"get_checkpoint_id": checkpoint_id(target_dir), "get_eos_ids": eos_ids(target_dir),
+                                    "get_max_chunk": max(config.prefill_chunk, max_block)}
     return common | {"get_checkpoint_id": checkpoint_id(draft_dir), "get_target_checkpoint_id": checkpoint_id(target_dir),
                      "get_mask_token_id": settings.mask_token_id, "get_max_block_size": max_block,
                      "get_max_context": config.max_seq_len - 2}

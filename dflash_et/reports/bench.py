@@ -2,13 +2,15 @@
 
 AR and DFlash run interleaved on the same prompts in one process (so drift in machine speed
 hits both alike), after a warm-up that is not counted. Throughput is decode tokens per second
-(the first token comes from prefill, which both share).
+(the first token comes from prefill, which both share). At temperature > 0 both sample with the
+same settings (each run its own seed, the same for AR and DFlash), and tau and speedup are
+measured exactly as for greedy decoding; "lossless" (token equality) is a greedy-only check.
 """
 
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from tqdm import tqdm
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import Generation, pooled_tau
 from dflash_et.runtime.programs import missing_backend
+from dflash_et.runtime.sampling import Sampler, Sampling
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
 
 
@@ -30,6 +33,19 @@ class BenchConfig:
     repeats: int = 3
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
     latency_repeats: int = 5    # target calls timed per T for the latency curve
+    temperature: float | str = 0.0  # 0: greedy; "recommended": the checkpoint's settings (target.pte's metadata)
+    top_p: float = 1.0
+    top_k: int | None = None
+    proposals: str = "argmax"   # argmax | sample (temperature > 0)
+    seed: int = 0
+
+    def sampling(self) -> Sampling | None:
+        """The explicit sampling settings (checked), or None for the programs' recommended ones."""
+        if self.temperature == "recommended":
+            return None
+        if isinstance(self.temperature, str):
+            raise ValueError(f"bench.temperature must be a number or 'recommended', got {self.temperature!r}")
+        return Sampling(float(self.temperature), self.top_p, self.top_k, self.proposals, self.seed)
 
 
 PLOT_COLUMNS = {"acceptance": ("accepted", "rounds"), "target_latency": ("tokens", "ms"),
@@ -63,7 +79,8 @@ def run_bench(programs_dir: Path, block_size: int, config: BenchConfig) -> tuple
 
     Programs this host cannot run (MLX ones anywhere but Apple silicon) give metrics that say `skipped`
     and why, and plots with no rows, so the pipeline goes on and bench runs where they can."""
-    rows = load_prompts(config.prompts, config.num_prompts)  # first: a bad prompt source fails before any load
+    settings = config.sampling()  # first: bad settings or prompt source fail before any load
+    rows = load_prompts(config.prompts, config.num_prompts)
     if not rows:
         raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
     skipped = missing_backend(programs_dir)
@@ -71,17 +88,24 @@ def run_bench(programs_dir: Path, block_size: int, config: BenchConfig) -> tuple
         return {"block_size": block_size, "skipped": skipped}, {name: [] for name in PLOT_COLUMNS}
     engine = Engine(programs_dir)
     engine.check_block_size(block_size)
+    settings = settings or engine.recommended(proposals=config.proposals, seed=config.seed)
+
+    def sampler(run: int) -> Sampler:
+        return Sampler(replace(settings, seed=settings.seed + run))
+
     tok = tokenizer(programs_dir)
     encoded = [encode_chat(tok, r["prompt"]) for r in rows]
     for ids in encoded[:config.warmup]:
-        engine.ar(ids, config.max_new_tokens)
-        engine.dflash(ids, config.max_new_tokens, block_size)
+        engine.ar(ids, config.max_new_tokens, sampler=sampler(-1))
+        engine.dflash(ids, config.max_new_tokens, block_size, sampler=sampler(-1))
 
     ar_runs, df_runs = defaultdict(list), defaultdict(list)
     lossless = True
-    for _ in tqdm(range(config.repeats), desc="bench repeats", disable=config.repeats == 1):
-        for row, ids in tqdm(list(zip(rows, encoded)), desc=f"bench (block {block_size})"):
-            ar, df = engine.ar(ids, config.max_new_tokens), engine.dflash(ids, config.max_new_tokens, block_size)
+    for repeat in tqdm(range(config.repeats), desc="bench repeats", disable=config.repeats == 1):
+        for i, (row, ids) in enumerate(tqdm(list(zip(rows, encoded)), desc=f"bench (block {block_size})")):
+            run = repeat * len(rows) + i
+            ar = engine.ar(ids, config.max_new_tokens, sampler=sampler(run))
+            df = engine.dflash(ids, config.max_new_tokens, block_size, sampler=sampler(run))
             lossless &= ar.tokens == df.tokens
             ar_runs[row["category"]].append(ar)
             df_runs[row["category"]].append(df)
@@ -98,6 +122,7 @@ def run_bench(programs_dir: Path, block_size: int, config: BenchConfig) -> tuple
 
     metrics = {
         "block_size": block_size,
+        "sampling": settings.settings(),
         "tau": pooled_tau(all_df),
         "speedup": df_tps / ar_tps if ar_tps else 0.0,
         "ar_tokens_per_s": ar_tps,
@@ -107,7 +132,7 @@ def run_bench(programs_dir: Path, block_size: int, config: BenchConfig) -> tuple
         "host_ms_per_round": ms([r.host_s for r in rounds]),
         "ar_ms_per_token": ms([r.total_s for g in all_ar for r in g.rounds]),
         "verify_cost_ratio": latency[block_size] / latency[1],
-        "lossless": lossless,
+        **({"lossless": lossless} if settings.greedy else {}),
         "prompts": len(rows), "repeats": config.repeats, "rounds": len(rounds),
         "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(block_size)},
         "tau_by_category": {c: pooled_tau(runs) for c, runs in df_runs.items()},

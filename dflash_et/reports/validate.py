@@ -4,7 +4,8 @@ Numerics: the same prefill / decode / verify / rollback calls go through each pr
 eager model (quantized the same way when the export was), and the worst error and argmax
 agreement are kept with the prompt that produced them. Lossless: for every prompt, DFlash
 driven by target.pte + draft.pte must emit exactly the tokens plain greedy decoding of the
-same target.pte emits.
+same target.pte emits, and sampled DFlash must have the distribution of plain sampling of
+target.pte (a statistical test, `same_distribution.py`).
 """
 
 import json
@@ -17,6 +18,7 @@ from dflash_et.checkpoints.check import load_pair
 from dflash_et.export.lower import DTYPES, ExportConfig, quantize
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
+from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
 from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 
@@ -44,11 +46,14 @@ class ValidateConfig:
     max_new_tokens: int = 32
     fp32: Limits = Limits(1e-3, 0.99, True)
     reduced: Limits = Limits(0.05, 0.9, False)
+    sampling: SamplingCheck = SamplingCheck()
 
     @classmethod
     def from_params(cls, params: dict) -> "ValidateConfig":
-        limits = {k: Limits(**params[k]) for k in ("fp32", "reduced") if k in params}
-        return cls(**{**params, **limits})
+        parts = {k: Limits(**params[k]) for k in ("fp32", "reduced") if k in params}
+        if "sampling" in params:
+            parts["sampling"] = SamplingCheck(**params["sampling"])
+        return cls(**{**params, **parts})
 
 
 class Worst:
@@ -158,8 +163,10 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     labels = [f"prompt {i} ({r['prompt'][:40]!r})" for i, r in enumerate(rows)]
 
     numerics = compare_numerics(programs, eager, prompts, labels)
-    lossless_fraction, why, taus = check_lossless(programs, prompts, labels, set(programs[0].meta["eos_ids"]),
-                                         config.max_new_tokens, eager[2].mask_token_id)
+    eos = set(programs[0].meta["eos_ids"])
+    lossless_fraction, why, taus = check_lossless(programs, prompts, labels, eos, config.max_new_tokens,
+                                                  eager[2].mask_token_id)
+    sampling = check_sampling(programs, prompts, labels, eos, eager[2].mask_token_id, config.sampling)
     worst = numerics["worst"]
     exact = export_config.quantize == "none" and export_config.dtype == "fp32"
     limits = config.fp32 if exact else config.reduced
@@ -169,11 +176,15 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}")
     if why and limits.require_lossless:
         failures.append(why)
+    if not sampling["same_distribution"] and limits.require_lossless:
+        failures.append(f"sampled DFlash differs from plain sampling of target.pte: chi-square p-value "
+                        f"{sampling['min_p_value']:.2g} < {sampling['threshold']:.2g} on {sampling['where']}")
     return {
         "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,
         "draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value,
         "token_agreement": numerics["token_agreement"], "lossless": why is None,
         "lossless_fraction": lossless_fraction,
         "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},
-        "divergence": why, "prompts": len(prompts), "limits": asdict(limits), "failures": failures,
+        "divergence": why, "sampling": sampling, "prompts": len(prompts), "limits": asdict(limits),
+        "failures": failures,
     }

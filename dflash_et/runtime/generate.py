@@ -1,4 +1,4 @@
-"""Greedy decoding, plain and DFlash, over any target/draft callables.
+"""Decoding, plain and DFlash, greedy or sampled, over any target/draft callables.
 
 The loops take the models as callables with the programs' signatures, so the very same code
 drives the eager PyTorch modules (the reference) and the ExecuTorch programs (the product):
@@ -7,9 +7,10 @@ drives the eager PyTorch modules (the reference) and the ExecuTorch programs (th
     draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]
 
 A DFlash round: the draft proposes B-1 tokens after `last`; the target verifies
-`[last] + proposals` in one call; the longest prefix of proposals that matches the target's
-own argmax is accepted, plus the target's next ("bonus") token. Rejected positions need no
-undo: the next target call simply writes its K/V over them. The draft is fed only the taps
+`[last] + proposals` in one call; the sampler accepts a prefix of the proposals (greedy: the
+longest that matches the target's own argmax; sampled: the speculative-sampling rule, see
+`sampling.py`) and adds the target's next token. Rejected positions need no undo: the next
+target call simply writes its K/V over them. The draft is fed only the taps
 of tokens it has not seen yet, so its context cache grows across rounds.
 """
 
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from dflash_et.runtime.sampling import Sampler
 
 TargetFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -99,19 +102,21 @@ def _cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
 
 
 def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_ids: set[int],
-                max_seq_len: int, prefill_chunk: int, on_tokens: OnTokens = None) -> Generation:
-    """Plain greedy decoding, one target call per token: the baseline and the ground truth."""
+                max_seq_len: int, prefill_chunk: int, on_tokens: OnTokens = None,
+                sampler: Sampler | None = None) -> Generation:
+    """Plain decoding, one target call per token: the baseline and the ground truth (greedy by default)."""
     _check_prompt(prompt, max_seq_len, max_new_tokens)
+    sampler = sampler or Sampler()
     t0 = time.perf_counter()
     logits, _ = prefill(target, prompt, prefill_chunk)
-    out = Generation([int(logits.argmax())], time.perf_counter() - t0)
+    out = Generation([sampler.next_token(logits)], time.perf_counter() - t0)
     on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)  # position of out.tokens[-1], not yet written to the cache
     while len(out.tokens) < max_new_tokens and out.tokens[-1] not in eos_ids and pos < max_seq_len:
         t0 = time.perf_counter()
         logits, _ = target(torch.tensor([[out.tokens[-1]]]), _positions(pos, 1))
         t1 = time.perf_counter()
-        out.tokens.append(int(logits[0, -1].argmax()))
+        out.tokens.append(sampler.next_token(logits[0, -1]))
         on_tokens and on_tokens(out.tokens[-1:])
         pos += 1
         out.rounds.append(Round(0, 0, 1, 0.0, t1 - t0, time.perf_counter() - t0))
@@ -120,8 +125,9 @@ def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_id
 
 def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
-                    mask_token_id: int, on_tokens: OnTokens = None) -> Generation:
-    """Greedy DFlash decoding; emits exactly the tokens `generate_ar` would.
+                    mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
+    """DFlash decoding: greedy, it emits exactly the tokens `generate_ar` would; sampled, tokens with
+    exactly the distribution `generate_ar` samples from (greedy by default).
 
     Each round's block is clamped so that it never writes past `max_seq_len` nor emits more
     than `max_new_tokens`; a block of one is a plain target step (the draft is skipped and its
@@ -130,9 +136,10 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     _check_prompt(prompt, max_seq_len, max_new_tokens)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2 (one anchor + one proposal), got {block_size}")
+    sampler = sampler or Sampler()
     t0 = time.perf_counter()
     logits, taps = prefill(target, prompt, prefill_chunk)
-    out = Generation([int(logits.argmax())], time.perf_counter() - t0)
+    out = Generation([sampler.next_token(logits)], time.perf_counter() - t0)
     on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
@@ -142,21 +149,18 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
         if b < 1:
             break
         t0 = time.perf_counter()
-        last, proposals = out.tokens[-1], []
+        last, proposals, q = out.tokens[-1], [], None
         if b >= 2:
             hidden = torch.cat(unseen, dim=1)
             draft_logits = draft(torch.tensor([[last] + [mask_token_id] * (b - 1)]), hidden,
                                  _positions(unseen_start, hidden.shape[1]))
-            proposals = draft_logits[0].argmax(-1).tolist()
+            proposals, q = sampler.propose(draft_logits[0])
             unseen, unseen_start = [], pos
         t1 = time.perf_counter()
         logits, taps = target(torch.tensor([[last] + proposals]), _positions(pos, b))
         t2 = time.perf_counter()
-        verified = logits[0].argmax(-1).tolist()
-        accepted = 0
-        while accepted < len(proposals) and proposals[accepted] == verified[accepted]:
-            accepted += 1
-        new, done = _cut_at_eos(proposals[:accepted] + [verified[accepted]], eos_ids)
+        accepted, following = sampler.verify(proposals, q, logits[0])
+        new, done = _cut_at_eos(proposals[:accepted] + [following], eos_ids)
         out.tokens += new
         on_tokens and on_tokens(new)
         unseen.append(taps[:, :accepted + 1])  # taps of `last` and the accepted proposals

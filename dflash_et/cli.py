@@ -4,7 +4,10 @@ import argparse
 import json
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
 
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
@@ -29,8 +32,8 @@ def parser() -> argparse.ArgumentParser:
                    help="DFlash block: last token + proposals (default: the largest draft.pte supports)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: %(default)s)")
     g.add_argument("--json", action="store_true",
-                   help="print one JSON object per completion {tokens, text, tau, tokens_per_s, seed} instead of "
-                        "streaming text")
+                   help="print one JSON object per completion {tokens, text, tau, tokens_per_s, and seed when "
+                        "sampling} instead of streaming text")
     s = g.add_argument_group("sampling (default: greedy)")
     s.add_argument("--sample", action="store_true",
                    help="sample with the checkpoint's recommended settings (carried by target.pte); the options "
@@ -42,39 +45,44 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--proposals", choices=PROPOSALS, default=None,
                    help="the draft's proposals when sampling: its argmax (default) or samples from it; both exact")
     s.add_argument("--seed", type=int, default=None,
-                   help="seed of every draw (default: a fresh one, printed); the same seed gives the same tokens")
+                   help="seed of the first completion's draws (default: a fresh one, printed); completion i uses "
+                        "seed + i, so the same seed gives the same tokens")
     s.add_argument("--num-samples", type=int, default=1, help="independent completions to generate (default: 1)")
     return p
 
 
-def sampling(args: argparse.Namespace, engine: Engine) -> Sampling:
-    """The settings the flags ask for: the programs' recommended ones with --sample, else greedy unless
-    --temperature; a fresh seed (reported) unless --seed."""
+def sampling_flags(args: argparse.Namespace) -> dict:
+    """The sampling flags given (checked before any program is loaded), with a fresh seed unless --seed."""
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
+    if not args.sample and args.temperature is None and (args.top_p is not None or args.top_k is not None):
+        raise UserError("--top-p and --top-k shape sampling: give --temperature too, or --sample for the "
+                        "checkpoint's recommended settings")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     flags = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
              "proposals": args.proposals, "seed": seed}
-    if args.sample:
-        return engine.recommended(**flags)
-    if args.temperature is None and (args.top_p is not None or args.top_k is not None):
-        raise UserError("--top-p and --top-k shape sampling: give --temperature too, or --sample for the "
-                        "checkpoint's recommended settings")
-    return Sampling(**{k: v for k, v in flags.items() if v is not None})
+    flags = {k: v for k, v in flags.items() if v is not None}
+    Sampling(**{"temperature": 1.0, **flags})  # bad values fail here, in one line
+    return flags
 
 
 def generate(args: argparse.Namespace) -> None:
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
+    flags = sampling_flags(args)
     engine = Engine(args.programs)
-    sampler = Sampler(sampling(args, engine))  # one generator for all completions: the seed fixes them all
+    settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
+    if args.sample and settings.greedy:
+        print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "
+              "false); give --temperature to sample", file=sys.stderr)
     tok = tokenizer(args.tokenizer or args.programs)
     prompt = encode_chat(tok, args.prompt)
     for i in range(args.num_samples):
         if args.num_samples > 1 and not args.json:
             print(f"--- sample {i + 1} of {args.num_samples} ---")
-        complete(args, engine, sampler, tok, prompt)
+        complete(args, engine, Sampler(replace(settings, seed=settings.seed + i)), tok, prompt)
 
 
-def complete(args: argparse.Namespace, engine: Engine, sampler: Sampler, tok, prompt: list[int]) -> None:
+def complete(args: argparse.Namespace, engine: Engine, sampler: Sampler, tok: PreTrainedTokenizerBase,
+             prompt: list[int]) -> None:
     """One completion, streamed as text (or printed as one JSON line)."""
     emitted: list[int] = []
     shown = ""

@@ -163,6 +163,17 @@ def chat_checkpoint(path: Path, family: str) -> Path:
     return path
 
 
+QUICK_SAMPLING_CHECK = {"samples": 100, "prompts": 1}  # validate.sampling for tests about validate's other checks
+
+
+def validate_config(**params):
+    """validate's config for a test: the statistical sampling check at 100 samples (tests/test_sampled_programs.py
+    runs it at full size), everything else as given."""
+    from dflash_et.reports.validate import ValidateConfig
+
+    return ValidateConfig.from_params({"sampling": QUICK_SAMPLING_CHECK, **params})
+
+
 def build_programs(pair, out: Path, **export_params) -> Path:
     """Export both programs and package them into `out`, as the pipeline's stages do."""
     from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program

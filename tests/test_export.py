@@ -11,9 +11,10 @@ from dflash_et.checkpoints.check import load_pair
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import ExportConfig, export_program, quantize
 from dflash_et.export.package import TOKENIZER_FILES, merge_weights, package
-from dflash_et.reports.validate import Limits, ValidateConfig, call_plan, check_lossless, compare_numerics, validate
+from dflash_et.reports.validate import ValidateConfig, call_plan, check_lossless, compare_numerics, validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs, missing_backend
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts
+from tests.conftest import (MAX_SEQ_LEN, PREFILL_CHUNK, QUICK_SAMPLING_CHECK, build_programs, built_once,
+                            checkpoint_facts, validate_config)
 
 
 def numerics(programs_dir, pair, export_config=None):
@@ -73,13 +74,14 @@ def test_dflash_over_programs_accepts_proposals_and_is_lossless(programs, traine
 
 
 def test_validate_passes_and_reports(programs, trained_pair):
-    report = validate(programs, *trained_pair, ValidateConfig(prompts=2, max_new_tokens=16))
-    assert report["failures"] == [] and report["lossless"] is True
+    report = validate(programs, *trained_pair, validate_config(prompts=2, max_new_tokens=16))
+    assert report["failures"] == [] and report["lossless"] is True and report["sampling"]["same_distribution"]
     assert report["target_max_abs_err"] < 1e-3 and report["token_agreement"] == 1.0
 
 
 def test_failed_checks_say_which_by_how_much_and_where(programs, trained_pair):
-    strict = ValidateConfig(prompts=1, max_new_tokens=8, fp32=Limits(1e-12, 1.0, True))
+    strict = validate_config(prompts=1, max_new_tokens=8,
+                             fp32={"max_rel_err": 1e-12, "min_token_agreement": 1.0, "require_lossless": True})
     failures = validate(programs, *trained_pair, strict)["failures"]
     assert len(failures) == 2
     assert failures[0].startswith("target_rel_err ") and " > 1e-12 on prompt 0 ('" in failures[0]
@@ -91,7 +93,7 @@ def test_validate_stage_fails_with_the_failures(programs, trained_pair, tmp_path
 
     monkeypatch.setattr(stage, "params", lambda: {"validate": {
         "prompts": 1, "max_new_tokens": 8, "fp32": {"max_rel_err": 1e-12, "min_token_agreement": 1.0,
-                                                    "require_lossless": True}}})
+                                                    "require_lossless": True}, "sampling": QUICK_SAMPLING_CHECK}})
     with pytest.raises(SystemExit, match="error: validate failed: target_rel_err .* on prompt 0"):
         stage.main([str(programs), str(trained_pair[0]), str(trained_pair[1]), str(tmp_path / "validate.json")])
     assert json.loads((tmp_path / "validate.json").read_text())["failures"]

@@ -13,7 +13,7 @@ from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.check import check_pair
 from dflash_et.checkpoints.load import load_config, load_draft, load_target, model_args
 from dflash_et.errors import CheckpointError
-from tests.conftest import build_programs, random_checkpoint
+from tests.conftest import build_programs, random_checkpoint, validate_config
 from tests.test_model import TAPS, cache_calls, check_against_hf, draft_rounds, reference_draft
 
 DRAFT_BLOCK = 8
@@ -153,8 +153,8 @@ def test_gemma_target_program_matches_transformers(gemma_programs):
 def test_gemma_programs_validate(gemma_programs):
     """The validate stage's checks on the Gemma pair: both programs against the eager models over prefill,
     decode, verify and rollback, and DFlash over the programs lossless against plain greedy decoding."""
-    from dflash_et.reports.validate import ValidateConfig, validate
+    from dflash_et.reports.validate import validate
 
     programs, target_dir, draft_dir = gemma_programs
-    report = validate(programs, target_dir, draft_dir, ValidateConfig(prompts=2, max_new_tokens=40))
+    report = validate(programs, target_dir, draft_dir, validate_config(prompts=2, max_new_tokens=40))
     assert report["failures"] == [] and report["lossless"], report

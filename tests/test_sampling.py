@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dflash_et.reports.same_distribution import chi_square, total_variation
-from dflash_et.runtime.sampling import Sampler, Sampling, acceptance, distribution, residual
+from dflash_et.runtime.sampling import Sampler, Sampling, acceptance, distribution, nucleus, residual
 
 V, N = 5, 2  # vocabulary, proposals per round (block 3)
 SETTINGS = [Sampling(1.0), Sampling(0.8, top_k=3), Sampling(0.7, top_p=0.8), Sampling(1.3, top_p=0.9, top_k=4)]
@@ -94,13 +94,17 @@ def test_one_round_has_exactly_the_target_distribution(s, proposals):
 
 
 def test_the_enumeration_catches_a_wrong_rule():
-    """Accepting every proposal (the draft's distribution), or argmax acceptance with p(x)/q(x), is not exact."""
-    s = Sampling(1.0, proposals="sample")
+    """Accepting every proposal (in either mode the output then follows the draft), or the argmax rule applied
+    to sampled proposals, is not exact: the enumeration can fail."""
     target = toy_target(0)
     draft = draft_logits(0, target)
-    assert max_error_against_target(target, round_distribution(target, draft, s, accept=lambda p, q, x: 1.0), s) > 0.01
-    wrong = lambda p, q, x: float(p[x])  # the argmax rule applied to sampled proposals  # noqa: E731
-    assert max_error_against_target(target, round_distribution(target, draft, s, accept=wrong), s) > 0.01
+    for proposals in ("sample", "argmax"):
+        s = Sampling(1.0, proposals=proposals)
+        always = round_distribution(target, draft, s, accept=lambda p, q, x: 1.0)
+        assert max_error_against_target(target, always, s) > 0.01
+    s = Sampling(1.0, proposals="sample")
+    argmax_rule = round_distribution(target, draft, s, accept=lambda p, q, x: float(p[x]))
+    assert max_error_against_target(target, argmax_rule, s) > 0.01
 
 
 @pytest.mark.parametrize("proposals", ["argmax", "sample"])
@@ -140,9 +144,21 @@ def test_distribution_matches_transformers_warpers(s):
                                   + ([TopKLogitsWarper(s.top_k)] if s.top_k else [])
                                   + ([TopPLogitsWarper(s.top_p)] if s.top_p < 1 else []))
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
-    logits[0, :4] = logits[0].max()  # ties at the top
+    logits[0, :4] = logits[0].max()  # ties at the top: with top_k 3 the slow path (ties kept), with 4 the fast one
     expected = warpers(torch.zeros(6, 1, dtype=torch.long), logits.clone()).softmax(-1)
     torch.testing.assert_close(distribution(logits, s), expected)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_nucleus_grows_its_head_until_it_covers_top_p(top_p):
+    """Flat logits over 1000 tokens: the nucleus holds hundreds of tokens, far past a 4-token first head."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = 0.3 * torch.randn(3, 1000, generator=torch.Generator().manual_seed(1))
+    expected = TopPLogitsWarper(top_p)(torch.zeros(3, 1, dtype=torch.long), logits.clone()).softmax(-1)
+    kept = nucleus(logits.softmax(-1), top_p, head=4)
+    assert torch.equal(kept > 0, expected > 0) and (kept > 0).sum() > 3 * 16
+    torch.testing.assert_close(kept, expected)
 
 
 def test_residual_and_acceptance_edges():
@@ -163,8 +179,9 @@ def test_same_seed_same_draws_and_greedy_draws_nothing():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(temperature=-0.5), "temperature must be 0 (greedy) or positive, got -0.5"),
-    (dict(temperature=float("nan")), "temperature must be 0 (greedy) or positive, got nan"),
+    (dict(temperature=-0.5), "temperature must be 0 (greedy) or a positive number, got -0.5"),
+    (dict(temperature=float("nan")), "temperature must be 0 (greedy) or a positive number, got nan"),
+    (dict(temperature=float("inf")), "temperature must be 0 (greedy) or a positive number, got inf"),
     (dict(top_p=0.0), "top_p must be in (0, 1], got 0.0; 1 turns top-p off"),
     (dict(top_p=1.5), "top_p must be in (0, 1], got 1.5; 1 turns top-p off"),
     (dict(top_k=0), "top_k must be at least 1, got 0; leave it unset to turn top-k off"),

@@ -14,6 +14,7 @@ from dflash_et.checkpoints.check import check_pair, load_pair
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.errors import CheckpointError
 from dflash_et.training.train import Sequence, TrainConfig, batch_loss, loss_weights, new_draft, pack, train_draft
+from tests.conftest import validate_config
 
 BLOCK = 6
 
@@ -161,7 +162,7 @@ def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_
     """What `dvc exp run -S model.target=<local Qwen3 checkpoint> -S model.draft=train` runs (the pipeline
     test drives the Llama layout through DVC itself)."""
     from dflash_et.reports.bench import BenchConfig, run_bench
-    from dflash_et.reports.validate import ValidateConfig, validate
+    from dflash_et.reports.validate import validate
     from tests.conftest import build_programs, chat_checkpoint
 
     chat_checkpoint(tmp_path / "source", "qwen3")
@@ -172,7 +173,7 @@ def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_
     mask = json.loads((tmp_path / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]
     assert mask == len(__import__("transformers").AutoTokenizer.from_pretrained(tmp_path / "target"))
     programs = build_programs((tmp_path / "target", tmp_path / "draft"), tmp_path / "build")
-    report = validate(programs, tmp_path / "target", tmp_path / "draft", ValidateConfig(prompts=2, max_new_tokens=12))
+    report = validate(programs, tmp_path / "target", tmp_path / "draft", validate_config(prompts=2, max_new_tokens=12))
     assert report["failures"] == [] and report["lossless"], report
     metrics, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, repeats=1, latency_repeats=1))
     assert metrics["lossless"] and metrics["tau"] >= 1.0

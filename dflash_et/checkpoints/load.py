@@ -166,8 +166,9 @@ def recommended_sampling(target_dir: Path) -> dict:
     """The checkpoint's recommended sampling, from generation_config.json: what `generate` would sample with.
 
     Greedy checkpoints (`do_sample` false or unset, or no generation_config.json) recommend temperature
-    0; unset values take `generate`'s defaults, so `--sample` behaves as `model.generate()` on the
-    checkpoint would. top_k 0 means none.
+    0; unset values take `generate`'s defaults, so `--sample` samples as `model.generate()` on the
+    checkpoint would, as far as temperature, top-k and top-p go (min_p, typical_p and repetition
+    penalties are not applied). top_k 0 means none.
     """
     from transformers import GenerationConfig
 

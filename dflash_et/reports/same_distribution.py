@@ -1,8 +1,9 @@
 """Does sampled DFlash through the programs have the target's distribution? A two-sample test.
 
 Many short completions of each prompt are sampled with DFlash (both proposal modes) and with plain
-sampling of target.pte; at each generated position the two samples of tokens are compared with
-Pearson's chi-square test of homogeneity (tokens too rare for the test's approximation are pooled
+sampling of target.pte; at each generated position after the first (which both take from the same
+prefill, before any draft is involved) the two samples of tokens are compared with Pearson's
+chi-square test of homogeneity (tokens too rare for the test's approximation are pooled
 into one bin). Each comparison's p-value must exceed alpha divided by the number of comparisons
 (Bonferroni): for correct sampling the check fails with probability below alpha, whatever the
 checkpoint, and with the fixed seeds it gives the same verdict every run. The smallest p-value is
@@ -15,7 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dflash_et.runtime.generate import generate_ar, generate_dflash
+from dflash_et.runtime.generate import TargetFn, generate_ar, generate_dflash
+from dflash_et.runtime.programs import DraftProgram, TargetProgram
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 
 END = -1  # the "token" at positions after a completion stopped at EOS
@@ -29,7 +31,7 @@ class SamplingCheck:
     top_p: float = 0.9
     top_k: int | None = 20
     samples: int = 1000       # completions per prompt and mode
-    tokens: int = 6           # generated tokens compared per completion
+    tokens: int = 6           # tokens generated per completion (positions 2.. are compared)
     prompts: int = 2
     alpha: float = 1e-3       # chance that correct sampling fails the check
     seed: int = 0
@@ -39,9 +41,9 @@ class SamplingCheck:
             raise ValueError(f"validate.sampling.temperature must be positive (the check compares sampled "
                              f"distributions), got {self.temperature}")
         self.settings("argmax", self.seed)  # top_p and top_k are checked where sampling is defined
-        for name in ("samples", "tokens", "prompts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"validate.sampling.{name} must be at least 1, got {getattr(self, name)}")
+        for name, least in (("samples", 1), ("tokens", 2), ("prompts", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"validate.sampling.{name} must be at least {least}, got {getattr(self, name)}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"validate.sampling.alpha must be in (0, 1), got {self.alpha}")
 
@@ -74,13 +76,14 @@ def chi_square(a: Counter, b: Counter, min_expected: float = 5.0) -> tuple[float
 
 
 def total_variation(a: Counter, b: Counter) -> float:
+    """Half the L1 distance between the two samples' frequencies: how far apart they are, on a 0-1 scale."""
     n_a, n_b = sum(a.values()), sum(b.values())
     return 0.5 * sum(abs(a[k] / n_a - b[k] / n_b) for k in a.keys() | b.keys())
 
 
-def _positions(completions: list[list[int]], tokens: int) -> list[Counter]:
-    """Per generated position, how often each token (END after EOS) was sampled there."""
-    return [Counter(c[i] if i < len(c) else END for c in completions) for i in range(tokens)]
+def _per_position_counts(completions: list[list[int]], tokens: int) -> list[Counter]:
+    """Per generated position after the first, how often each token (END after EOS) was sampled there."""
+    return [Counter(c[i] if i < len(c) else END for c in completions) for i in range(1, tokens)]
 
 
 class PrefillOnce:
@@ -91,30 +94,32 @@ class PrefillOnce:
     cost. A sliding layer's ring (window + longest call - 1 rows) keeps the prompt's last `window`
     rows only while a completion is at most one longest call long: `check_sampling` asks for that."""
 
-    def __init__(self, target, prompt_length: int):
+    def __init__(self, target: TargetFn, prompt_length: int):
         self.target, self.prompt_length, self.answers = target, prompt_length, {}
 
-    def __call__(self, tokens, input_pos):
-        start = int(input_pos[0])
-        if start >= self.prompt_length:
+    def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if int(input_pos[0]) >= self.prompt_length:
             return self.target(tokens, input_pos)
-        if start not in self.answers:
-            self.answers[start] = self.target(tokens, input_pos)
-        return self.answers[start]
+        key = (int(input_pos[0]), tuple(tokens[0].tolist()))
+        if key not in self.answers:
+            self.answers[key] = self.target(tokens, input_pos)
+        return self.answers[key]
 
 
-def check_sampling(programs, prompts: list[list[int]], labels: list[str], eos: set[int], mask_token_id: int,
-                   check: SamplingCheck) -> dict:
+def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[list[int]], labels: list[str],
+                   eos: set[int], mask_token_id: int, check: SamplingCheck) -> dict:
     """Sample `check.samples` completions per prompt with plain sampling and with DFlash in each proposal
     mode, through the programs, and compare them position by position."""
     target_p, draft_p = programs
+    if not prompts:
+        raise ValueError("the sampling check needs at least one prompt")
     max_seq_len, chunk = target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
     block = draft_p.meta["max_block_size"]
     tests, worst_p, worst_where, max_tv = 0, 1.0, None, 0.0
     for n, (ids, label) in enumerate(zip(prompts[:check.prompts], labels)):
         seed = check.seed + 3 * n * check.samples  # every completion of every run its own seed
         target = PrefillOnce(target_p, len(ids)) if check.tokens <= target_p.meta["max_chunk"] else target_p
-        reference = _positions([generate_ar(target, ids, check.tokens, eos, max_seq_len, chunk,
+        reference = _per_position_counts([generate_ar(target, ids, check.tokens, eos, max_seq_len, chunk,
                                             sampler=Sampler(check.settings("argmax", seed + i))).tokens
                                 for i in range(check.samples)], check.tokens)
         for m, proposals in enumerate(PROPOSALS, start=1):
@@ -122,7 +127,7 @@ def check_sampling(programs, prompts: list[list[int]], labels: list[str], eos: s
             runs = [generate_dflash(target, draft_p, ids, check.tokens, eos, max_seq_len, chunk, block,
                                     mask_token_id, sampler=Sampler(replace(settings, seed=settings.seed + i))).tokens
                     for i in range(check.samples)]
-            for position, (a, b) in enumerate(zip(_positions(runs, check.tokens), reference), start=1):
+            for position, (a, b) in enumerate(zip(_per_position_counts(runs, check.tokens), reference), start=2):
                 _, _, p = chi_square(a, b)
                 tests += 1
                 max_tv = max(max_tv, total_variation(a, b))

@@ -12,6 +12,7 @@ becomes "accept with probability p(x), else draw from p with x removed".
 Every draw comes from one seeded `torch.Generator`, so a seed fixes the tokens on given programs.
 """
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,8 +31,8 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be 0 (greedy) or positive, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be 0 (greedy) or a positive number, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; 1 turns top-p off")
         if self.top_k is not None and self.top_k < 1:
@@ -72,7 +73,7 @@ def distribution(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
 
 def nucleus(probs: torch.Tensor, top_p: float, head: int = 64) -> torch.Tensor:
-    """Top-p: a token stays while the tokens more likely than it hold less than top_p of the mass.
+    """Top-p: a token stays while the tokens sorted before it (most likely first) hold less than top_p.
 
     Only the most likely `head` tokens are sorted, `head` growing until they hold top_p: sorting a
     real vocabulary (150k tokens) per verified position would cost more than the verify call.
@@ -80,7 +81,7 @@ def nucleus(probs: torch.Tensor, top_p: float, head: int = 64) -> torch.Tensor:
     vocab = probs.shape[-1]
     while True:
         top, index = probs.topk(min(head, vocab), dim=-1)
-        if head >= vocab or bool((top.sum(-1) >= top_p).all()):
+        if head >= vocab or bool((top.cumsum(-1)[..., -1] >= top_p).all()):  # the sum the keep test sees
             break
         head *= 4
     keep = top * (top.cumsum(-1) - top < top_p)

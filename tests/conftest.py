@@ -163,6 +163,22 @@ def chat_checkpoint(path: Path, family: str) -> Path:
     return path
 
 
+def numerics(programs_dir: Path, pair: tuple[Path, Path], export_config=None):
+    """compare_numerics of the programs against the eager pair (quantized like the export when it was)."""
+    from dflash_et.checkpoints.check import load_pair
+    from dflash_et.export.lower import quantize
+    from dflash_et.reports.validate import compare_numerics
+    from dflash_et.runtime.programs import load_programs
+
+    progs = load_programs(programs_dir)
+    eager = load_pair(*pair, max_seq_len=progs[0].meta["max_seq_len"])
+    if export_config:
+        quantize(eager[0], export_config)
+        quantize(eager[1], export_config)
+    prompts = [[1, 2, 3, 4, 5] * 7, [9, 8, 7]]
+    return compare_numerics(progs, eager, prompts, ["a", "b"]), progs, eager
+
+
 QUICK_SAMPLING_CHECK = {"samples": 100, "prompts": 1}  # validate.sampling for tests about validate's other checks
 
 

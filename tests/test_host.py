@@ -14,7 +14,7 @@ from dflash_et.reports.validate import ValidateConfig, validate
 from dflash_et.runtime import programs as runtime_programs
 from dflash_et.runtime.programs import missing_backend
 from tests.conftest import REPO
-from tests.test_export import mlx_programs
+from tests.test_export_variants import mlx_programs
 
 
 def stage_argv(stage: str, paths: dict[str, Path]) -> list[str]:

@@ -31,7 +31,9 @@ def main() -> None:
         m, _ = run_bench(args.programs, args.block_size, config)
         by_category = " | ".join(f"{m['tau_by_category'][c]:.2f} / {m['speedup_by_category'][c]:.2f}x"
                                  for c in ("math", "code", "chat"))
-        label = temperature if temperature != "recommended" else f"recommended {m['sampling']}"
+        s = m["sampling"]
+        label = temperature if temperature != "recommended" else \
+            f"recommended ({s['temperature']:g} / {s['top_p']:g} / {s['top_k']})"
         print(f"| {label} | {proposals if temperature else '-'} | {m['tau']:.2f} | {m['speedup']:.2f}x | {by_category} "
               f"| {m['host_ms_per_round']:.2f} |", flush=True)
 

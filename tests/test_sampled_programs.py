@@ -12,6 +12,7 @@ from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 from dflash_et.reports.bench import BenchConfig, run_bench
 from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime import sampling
+from dflash_et.errors import ProgramError
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -165,3 +166,23 @@ def test_bad_validate_sampling_settings_fail_before_any_work(bad, message):
     with pytest.raises(ValueError) as e:
         ValidateConfig.from_params({"sampling": bad})
     assert str(e.value) == message
+
+
+def test_programs_without_sampling_metadata_are_a_clear_error(programs, monkeypatch):
+    engine = Engine(programs)
+    monkeypatch.delitem(engine.target.meta, "temperature")
+    with pytest.raises(ProgramError, match="carries no recommended sampling settings .*re-export it"):
+        engine.recommended()
+
+
+def test_sample_on_a_greedy_checkpoint_says_so(programs, monkeypatch, capsys):
+    monkeypatch.setattr(Engine, "recommended", lambda self, **flags: Sampling(seed=flags["seed"]))
+    cli.main(["generate", "--prompt", "hi", "--programs", str(programs), "--max-new-tokens", "4", "--sample"])
+    err = capsys.readouterr().err
+    assert "recommends greedy decoding" in err and "(greedy)" in err
+
+
+def test_the_sampling_check_needs_a_prompt(loaded):
+    (target, draft), _, _ = loaded
+    with pytest.raises(ValueError, match="needs at least one prompt"):
+        check_sampling((target, draft), [], [], set(), 0, SamplingCheck())

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from dflash_et.runtime.engine import Engine
+from dflash_et.runtime.adaptive import AUTO
+from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 from dflash_et.errors import UserError
 from dflash_et.data.prompts import encode_chat, tokenizer
@@ -28,8 +29,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", type=Path, default=None,
                    help="directory with the target's tokenizer files (default: the programs directory)")
     g.add_argument("--ar", action="store_true", help="plain autoregressive decoding with target.pte (the baseline)")
-    g.add_argument("--block-size", type=int, default=None,
-                   help="DFlash block: last token + proposals (default: the largest draft.pte supports)")
+    g.add_argument("--block-size", type=block_size, default=AUTO,
+                   help="DFlash block: last token + proposals, or auto: chosen each round from this device's "
+                        "cost curve and the draft's confidence (default: %(default)s)")
+    g.add_argument("--cost-curve", type=Path, default=None,
+                   help="with --block-size auto: this device's cost curve for these programs, as the bench "
+                        "stage writes it (reports/cost_curve.json) (default: measured at load, a few seconds)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: %(default)s)")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per completion {tokens, text, tau, tokens_per_s, and seed when "
@@ -51,6 +56,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def block_size(value: str) -> BlockSize:
+    """--block-size: a number of tokens or auto."""
+    if value == AUTO:
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a number of tokens or {AUTO}, got {value!r}")
+    return int(value)
+
+
 def sampling_flags(args: argparse.Namespace) -> dict:
     """The sampling flags given (checked before any program is loaded), with a fresh seed unless --seed."""
     if args.num_samples < 1:
@@ -68,7 +82,7 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
-    engine = Engine(args.programs)
+    engine = Engine(args.programs, args.cost_curve)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
     if args.sample and settings.greedy:
         print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "

@@ -9,19 +9,38 @@ from dflash_et.data.prompts import load_prompts
 
 
 def test_bench_metrics_and_plots(programs):
-    metrics, plots = run_bench(programs, 8, BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1))
+    """auto as the headline, beside the fixed blocks the programs take (8 at most: 32 is skipped, said so)."""
+    metrics, plots, curve = run_bench(programs, "auto", BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1,
+                                                                    block_sizes=(2, 8, 32)))
     for key in ("tau", "speedup", "ar_tokens_per_s", "dflash_tokens_per_s", "block_size", "draft_ms_per_round",
-                "verify_ms_per_round", "host_ms_per_round", "verify_cost_ratio", "acceptance_histogram"):
+                "verify_ms_per_round", "host_ms_per_round", "verify_cost_ratio", "acceptance_histogram",
+                "speedup_auto", "tau_auto", "mean_verify_tokens_auto", "speedup_range_over_repeats"):
         assert key in metrics
-    assert metrics["block_size"] == 8 and metrics["lossless"] is True and metrics["prompts"] == 3
-    assert sum(metrics["acceptance_histogram"].values()) == metrics["rounds"] > 0
-    assert metrics["tau"] > 1.5 and metrics["speedup"] > 0  # the trained draft's proposals are accepted
-    assert set(metrics["tau_by_category"]) == {"math", "code", "chat"}
-    assert [r["tokens"] for r in plots["target_latency"]] == list(range(1, 9))
+    assert metrics["block_size"] == "auto" and metrics["lossless"] is True and metrics["prompts"] == 3
+    assert metrics["block_sizes_skipped"] == [32] and set(metrics["speedup_by_block"]) == {"2", "8"}
+    assert (metrics["tau"], metrics["speedup"]) == (metrics["tau_auto"], metrics["speedup_auto"])
+    categories = {"math", "code", "chat"}
+    assert set(metrics["tau_by_category"]) == set(metrics["speedup_auto_by_category"]) == categories
+    assert set(metrics["speedup_by_block_by_category"]["code"]) == {"2", "8"}
+    choices = metrics["auto_rounds_by_category"]
+    assert sum(sum(c.values()) for c in choices.values()) == metrics["rounds"]
+    assert metrics["tau_auto"] > 1.5 and 1 <= metrics["mean_verify_tokens_auto"] <= 8  # proposals accepted
+    assert curve.max_block == 8 and curve.programs
+    assert [r["block"] for r in plots["speedup_by_block"]] == ["2", "8", "auto"]
+    assert [r["tokens"] for r in plots["cost_curve"]] == list(range(1, 9)) and plots["cost_curve"][0]["draft_ms_start"] == 0
     assert len(plots["acceptance"]) == 8
     assert {(r["category"], r["mode"]) for r in plots["tokens_per_s"]} == {
-        (c, m) for c in ("math", "code", "chat") for m in ("ar", "dflash")}
+        (c, m) for c in categories for m in ("ar", "2", "8", "auto")}
     assert {name: tuple(rows[0]) for name, rows in plots.items()} == PLOT_COLUMNS  # a skipped bench's headers
+
+
+def test_bench_headline_can_be_a_fixed_block(programs):
+    metrics, _, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, latency_repeats=1,
+                                                       block_sizes=(2,)))
+    assert set(metrics["speedup_by_block"]) == {"2", "4"} and metrics["tau"] == metrics["tau_by_block"]["4"]
+    assert sum(metrics["acceptance_histogram"].values()) == metrics["rounds"]  # every fixed round drafts
+    with pytest.raises(ValueError, match=r"bench.block_sizes must all be at least 2"):
+        run_bench(programs, 4, BenchConfig(block_sizes=(1, 4)))
 
 
 def test_prompts_from_jsonl(tmp_path):

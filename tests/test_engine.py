@@ -12,6 +12,7 @@ from dflash_et.checkpoints.check import load_pair
 from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import generate_ar
+from dflash_et.runtime.sampling import Sampler, Sampling
 from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, checkpoint_facts
 
 
@@ -67,8 +68,28 @@ def test_engine_edges_of_the_cache_and_budget(engine, prompts, monkeypatch):
 
 
 def test_engine_refuses_blocks_the_draft_was_not_exported_for(engine, prompts, facts):
-    with pytest.raises(ValueError, match=rf"outside 2..{facts['block_size']}.*export.max_block_size=32"):
+    with pytest.raises(ValueError, match=rf"outside 2..{facts['block_size']}.*use block_size auto, or at most "):
         engine.dflash(prompts[0], 8, block_size=32)
+    with pytest.raises(ValueError, match="block_size must be a number of tokens or auto, got 'big'"):
+        engine.dflash(prompts[0], 8, block_size="big")
+
+
+def test_engine_auto_is_lossless_and_learns_across_generations(engine, prompts):
+    """auto over the trained pair's programs: plain greedy's tokens, proposals accepted, and one planner
+    carrying what it learned from one generation to the next."""
+    outs = [engine.dflash(ids, 24, "auto") for ids in prompts]
+    assert [o.tokens for o in outs] == [engine.ar(ids, 24).tokens for ids in prompts]
+    rounds = [r for o in outs for r in o.rounds]
+    assert sum(r.accepted for r in rounds) > len(rounds)  # the trained draft is used, not fallen back from
+    assert all(r.proposed <= r.drafted < engine.max_block_size for r in rounds)
+    assert engine.planner().rounds == sum(1 for r in rounds if r.drafted)
+    assert engine.cost_curve().programs == engine.identity and engine.cost_curve().max_block == engine.max_block_size
+
+
+def test_engine_sampled_auto_keeps_the_largest_block_so_seeds_reproduce(engine, prompts):
+    sampled = engine.dflash(prompts[0], 24, "auto", sampler=Sampler(Sampling(0.8, seed=3)))
+    assert sampled.rounds[0].drafted == engine.max_block_size - 1 and all(r.drafted for r in sampled.rounds)
+    assert sampled.tokens == engine.dflash(prompts[0], 24, sampler=Sampler(Sampling(0.8, seed=3))).tokens
 
 
 def run_cli(capsys, *args):
@@ -88,6 +109,22 @@ def test_cli_json_dflash_equals_ar(programs, capsys):
     assert ar["tau"] == 1.0 and dflash["tokens_per_s"] > 0
     small = json.loads(run_cli(capsys, *common, "--block-size", "3").out)
     assert small["tokens"] == ar["tokens"]
+
+
+def test_cli_reuses_a_cost_curve_of_these_programs_only(programs, tmp_path, capsys):
+    """--cost-curve takes the bench's file for these programs and refuses one of other programs, in one line."""
+    engine = Engine(programs)
+    curve = tmp_path / "cost_curve.json"
+    curve.write_text(json.dumps(engine.cost_curve(repeats=1).to_dict()))
+    common = ["--prompt", "Ada has 3 apples.", "--programs", str(programs), "--max-new-tokens", "12", "--json"]
+    reused = json.loads(run_cli(capsys, *common, "--cost-curve", str(curve)).out)
+    assert reused["tokens"] == json.loads(run_cli(capsys, *common, "--ar").out)["tokens"]
+    curve.write_text(json.dumps({**engine.cost_curve().to_dict(), "programs": "other"}))
+    with pytest.raises(SystemExit, match="measured on other programs than these; rerun the bench stage"):
+        run_cli(capsys, *common, "--cost-curve", str(curve))
+    with pytest.raises(SystemExit):
+        run_cli(capsys, *common, "--block-size", "sixteen")
+    assert "must be a number of tokens or auto, got 'sixteen'" in capsys.readouterr().err
 
 
 def test_cli_streams_text_and_reports(programs, pair, capsys):
@@ -111,5 +148,6 @@ def test_cli_errors_are_one_line(tmp_path, pair):
 def test_cli_help_is_complete():
     r = subprocess.run([str(Path(sys.executable).parent / "dflash"), "generate", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
-    for option in ("--prompt", "--programs", "--tokenizer", "--ar", "--block-size", "--max-new-tokens", "--json"):
+    for option in ("--prompt", "--programs", "--tokenizer", "--ar", "--block-size", "--cost-curve", "--max-new-tokens",
+                   "--json"):
         assert option in r.stdout

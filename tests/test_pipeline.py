@@ -15,7 +15,7 @@ import yaml
 
 from tests.conftest import REPO, chat_checkpoint
 
-SMALL = {"block_size": 4, "model": {"draft": "train"},  # the target: a local Llama-layout checkpoint (no mask token)
+SMALL = {"model": {"draft": "train"},  # block_size: auto (the default)  # the target: a local Llama-layout checkpoint (no mask token)
          "train_draft": {"steps": 30, "num_prompts": 12, "heldout": 2, "max_new_tokens": 16, "block_size": 4,
                          "anchors": 4, "num_layers": 1},
          "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12,
@@ -66,9 +66,14 @@ def test_repro_then_nothing_to_do(project):
     assert "No temp allocator" not in out  # eager work runs the dense attention path: no per-call kernel logs
     for f in ("artifacts/programs/target.pte", "artifacts/programs/draft.pte", "artifacts/programs/tokenizer.json",
               "reports/export_target.json", "reports/export_draft.json",
-              "reports/validate.json", "reports/bench.json", "reports/plots/acceptance.csv",
-              "reports/plots/target_latency.csv", "reports/plots/tokens_per_s.csv"):
+              "reports/validate.json", "reports/bench.json", "reports/cost_curve.json", "reports/plots/acceptance.csv",
+              "reports/plots/speedup_by_block.csv", "reports/plots/cost_curve.csv", "reports/plots/tokens_per_s.csv"):
         assert (project / f).is_file(), f
+    bench = json.loads((project / "reports/bench.json").read_text())
+    assert bench["block_size"] == "auto" and bench["lossless"] and bench["tau_auto"] >= 1
+    assert set(bench["speedup_by_block"]) == {"2", "4"} and bench["block_sizes_skipped"] == [8, 12, 16]
+    plots = json.loads(sh(project, "dvc", "plots", "show", "--json"))["data"]  # dvc.yaml's plot definitions resolve
+    assert {"cost_curve", "reports/plots/speedup_by_block.csv"} <= set(plots), list(plots)
     report = json.loads((project / "reports/validate.json").read_text())
     assert report["lossless"] and report["failures"] == []
     assert report["sampling"]["same_distribution"] and report["sampling"]["tests"] == 10  # 2 modes x tokens 2..6

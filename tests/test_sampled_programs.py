@@ -138,8 +138,9 @@ def test_cli_bad_settings_are_one_line_errors(tmp_path, capsys, args, message):
 
 def test_bench_at_the_recommended_settings(programs):
     """(bench.temperature=0.7 runs through DVC in test_pipeline's experiment)"""
-    metrics, _ = run_bench(programs, 8, BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1,
-                                                     temperature="recommended", proposals="sample"))
+    metrics, _, _ = run_bench(programs, 8, BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1,
+                                                     temperature="recommended", proposals="sample",
+                                                     block_sizes=(8,)))
     assert metrics["sampling"] == {**builtin.RECOMMENDED_SAMPLING["qwen3"], "proposals": "sample", "seed": 0}
     assert "lossless" not in metrics  # token equality is a greedy check
     assert metrics["tau"] > 1 and metrics["speedup"] > 0

@@ -41,10 +41,11 @@ def draft_logits(seed: int, target) -> torch.Tensor:
 def round_distribution(target, draft: torch.Tensor, s: Sampling, accept=acceptance) -> dict[tuple, float]:
     """Exact distribution of one round's emitted tokens, by enumeration over proposals and outcomes."""
     out: dict[tuple, float] = Counter()
+    n = len(draft)
     if s.proposals == "sample":
         q = distribution(draft, s).double()
-        proposal_sets = [(xs, float(torch.prod(q[torch.arange(N), list(xs)])))
-                         for xs in itertools.product(range(V), repeat=N)]
+        proposal_sets = [(xs, float(torch.prod(q[torch.arange(n), list(xs)])))
+                         for xs in itertools.product(range(V), repeat=n)]
     else:
         q, proposal_sets = None, [(tuple(draft.argmax(-1).tolist()), 1.0)]
     for xs, weight in proposal_sets:
@@ -91,6 +92,18 @@ def test_one_round_has_exactly_the_target_distribution(s, proposals):
         rounds = round_distribution(target, draft, s)
         assert abs(sum(rounds.values()) - 1) < 1e-6
         assert max_error_against_target(target, rounds, s) < 1e-6
+
+
+@pytest.mark.parametrize("proposals", ["argmax", "sample"])
+def test_verifying_any_prefix_of_the_proposals_is_exact(proposals):
+    """block_size: auto verifies the first k proposals, k chosen from the draft's probabilities (not from what it
+    sampled): a round verifying any k, 0 (a plain step) included, keeps exactly the target's distribution."""
+    s = Sampling(0.9, top_k=4, proposals=proposals)
+    target = toy_target(2)
+    draft = draft_logits(2, target)
+    for k in range(N + 1):
+        rounds = round_distribution(target, draft[:k], s)
+        assert abs(sum(rounds.values()) - 1) < 1e-6 and max_error_against_target(target, rounds, s) < 1e-6
 
 
 def test_the_enumeration_catches_a_wrong_rule():

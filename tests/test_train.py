@@ -175,7 +175,8 @@ def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_
     programs = build_programs((tmp_path / "target", tmp_path / "draft"), tmp_path / "build")
     report = validate(programs, tmp_path / "target", tmp_path / "draft", validate_config(prompts=2, max_new_tokens=12))
     assert report["failures"] == [] and report["lossless"], report
-    metrics, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, repeats=1, latency_repeats=1))
+    metrics, _, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, repeats=1, latency_repeats=1,
+                                                    block_sizes=(4,)))
     assert metrics["lossless"] and metrics["tau"] >= 1.0
 
 

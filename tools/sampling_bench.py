@@ -28,7 +28,7 @@ def main() -> None:
     for temperature, proposals in SETTINGS:
         config = BenchConfig(num_prompts=args.num_prompts, repeats=args.repeats, latency_repeats=2,
                              temperature=temperature, proposals=proposals)
-        m, _ = run_bench(args.programs, args.block_size, config)
+        m, _, _ = run_bench(args.programs, args.block_size, config)
         by_category = " | ".join(f"{m['tau_by_category'][c]:.2f} / {m['speedup_by_category'][c]:.2f}x"
                                  for c in ("math", "code", "chat"))
         s = m["sampling"]

@@ -16,6 +16,7 @@ import torch
 
 from dflash_et.checkpoints.check import load_pair
 from dflash_et.export.lower import DTYPES, ExportConfig, quantize
+from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
@@ -114,19 +115,26 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
 
 
 def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
-                   mask_token_id: int, blocks: list[int] | None = None) -> tuple[float, str | None, dict]:
-    """DFlash over the programs vs plain greedy over target.pte, at `blocks` (default: block 2 and the largest).
+                   mask_token_id: int, blocks: list[int | str] | None = None) -> tuple[float, str | None, dict]:
+    """DFlash over the programs vs plain greedy over target.pte, at `blocks` (default: block 2, the largest,
+    and auto, deciding by a cost curve measured here).
 
     Returns the fraction of (prompt, block) runs that matched exactly, the first divergence, and tau per block.
     """
     target_p, draft_p = programs
-    max_seq_len, chunk = target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
-    taus: dict[int, list[float]] = {}
+    max_seq_len, chunk, largest = target_p.meta["max_seq_len"], target_p.meta["max_chunk"], draft_p.meta["max_block_size"]
+    blocks = blocks or [*sorted({2, largest}), AUTO]
+    planner = None
+    if AUTO in blocks:
+        planner = AdaptivePlanner(measure_cost_curve(target_p, draft_p, largest, max_seq_len, repeats=1), largest)
+    taus: dict[int | str, list[float]] = {}
     matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):
         reference = generate_ar(target_p, ids, max_new_tokens, eos, max_seq_len, chunk).tokens
-        for block in blocks or sorted({2, draft_p.meta["max_block_size"]}):
-            out = generate_dflash(target_p, draft_p, ids, max_new_tokens, eos, max_seq_len, chunk, block, mask_token_id)
+        for block in blocks:
+            out = generate_dflash(target_p, draft_p, ids, max_new_tokens, eos, max_seq_len, chunk,
+                                  largest if block == AUTO else block, mask_token_id,
+                                  planner=planner if block == AUTO else None)
             taus.setdefault(block, []).append(out.tau)
             runs += 1
             if out.tokens == reference:

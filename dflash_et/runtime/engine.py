@@ -1,29 +1,59 @@
 """The DFlash engine over the ExecuTorch programs: what `dflash generate` and the bench run.
 
 Every limit comes from the programs' metadata (max_seq_len, prefill chunk, EOS ids, mask token,
-max block), so the engine needs nothing but the programs directory.
+max block), so the engine needs nothing but the programs directory. `block_size="auto"` adapts the
+block to this device (`adaptive.py`): its cost curve comes from a file the bench wrote, or is
+measured on first use, and what the planner learns carries over from one generation to the next.
 """
 
 from pathlib import Path
 
 from dflash_et.errors import ProgramError
+from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, CostCurve, measure_cost_curve
 from dflash_et.runtime.generate import Generation, OnTokens, generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
 
+BlockSize = int | str  # a number of tokens (last token + proposals), or "auto"
+
 
 class Engine:
-    def __init__(self, programs_dir: Path):
+    def __init__(self, programs_dir: Path, cost_curve: Path | None = None):
         self.target, self.draft = load_programs(programs_dir)
         t, d = self.target.meta, self.draft.meta
         self.max_seq_len, self.chunk, self.eos_ids = t["max_seq_len"], t["max_chunk"], set(t["eos_ids"])
         self.mask_token_id, self.max_block_size = d["mask_token_id"], d["max_block_size"]
+        # which programs these are, for a cost curve measured on them
+        self.identity = ":".join(str(x) for x in (t.get("checkpoint_id"), d.get("checkpoint_id"), self.max_seq_len,
+                                                  self.max_block_size, self.target.path.stat().st_size,
+                                                  self.draft.path.stat().st_size))
+        self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None
+        self._planner: AdaptivePlanner | None = None
 
-    def check_block_size(self, block_size: int) -> int:
+    def check_block_size(self, block_size: BlockSize) -> BlockSize:
+        if block_size == AUTO:
+            return block_size
+        if isinstance(block_size, str) and not block_size.isdigit():
+            raise ValueError(f"block_size must be a number of tokens or auto, got {block_size!r}")
+        block_size = int(block_size)
         if not 2 <= block_size <= self.max_block_size:
-            raise ValueError(f"block_size {block_size} is outside 2..{self.max_block_size}, the largest block "
-                             f"{self.draft.path.name} was exported for; re-export with export.max_block_size={block_size}")
+            raise ValueError(f"block_size {block_size} is outside 2..{self.max_block_size}, the blocks "
+                             f"{self.draft.path.name} was exported for (the draft's trained block unless "
+                             f"export.max_block_size says otherwise); use block_size auto, or at most {self.max_block_size}")
         return block_size
+
+    def cost_curve(self, repeats: int = 5) -> CostCurve:
+        """This device's cost per program call: the one the engine was given, or measured now (once)."""
+        if self._curve is None:
+            self._curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_seq_len, repeats)
+            self._curve.programs = self.identity
+        return self._curve
+
+    def planner(self) -> AdaptivePlanner:
+        """The planner of greedy generations, learning across them."""
+        if self._planner is None:
+            self._planner = AdaptivePlanner(self.cost_curve(), self.max_block_size)
+        return self._planner
 
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
@@ -38,9 +68,15 @@ class Engine:
         return generate_ar(self.target, prompt, max_new_tokens, self.eos_ids, self.max_seq_len, self.chunk,
                            on_tokens, sampler)
 
-    def dflash(self, prompt: list[int], max_new_tokens: int, block_size: int | None = None,
+    def dflash(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
-        """DFlash decoding with target.pte verifying draft.pte's blocks (greedy unless a sampler says otherwise)."""
+        """DFlash decoding with target.pte verifying draft.pte's blocks (greedy unless a sampler says otherwise),
+        at a fixed block (default: the largest draft.pte takes) or `auto`."""
         block_size = self.check_block_size(block_size or self.max_block_size)
+        sampler = sampler or Sampler()
+        # Sampled, auto keeps the largest block: its choices (device timings, what it learned) would decide
+        # which random draws a round makes, and a seed must give the same tokens on every run.
+        planner = self.planner() if block_size == AUTO and sampler.sampling.greedy else None
         return generate_dflash(self.target, self.draft, prompt, max_new_tokens, self.eos_ids, self.max_seq_len,
-                               self.chunk, block_size, self.mask_token_id, on_tokens, sampler)
+                               self.chunk, self.max_block_size if block_size == AUTO else block_size, self.mask_token_id,
+                               on_tokens, sampler, planner)

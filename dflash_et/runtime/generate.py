@@ -16,7 +16,7 @@ of tokens it has not seen yet, so its context cache grows across rounds.
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -27,9 +27,18 @@ DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 OnTokens = Callable[[list[int]], None] | None  # called with each batch of newly emitted tokens (streaming)
 
 
+class Planner(Protocol):
+    """Chooses each round's block and how many proposals to verify (`adaptive.AdaptivePlanner`)."""
+
+    def block(self, pos: int, room: int) -> int: ...  # the draft block (1: a plain step), at most room
+    def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int: ...  # proposals to verify
+    def observe(self, verified: int, accepted: int) -> None: ...  # what the target accepted
+
+
 @dataclass
 class Round:
-    """One decode step: a DFlash round, or one plain token (proposed = 0)."""
+    """One decode step: a DFlash round, or one plain token (proposed = 0). `drafted`: the proposals the
+    draft made, of which the first `proposed` were verified (fewer under `block_size: auto`)."""
 
     proposed: int
     accepted: int
@@ -37,6 +46,7 @@ class Round:
     draft_s: float
     verify_s: float
     total_s: float
+    drafted: int = 0
 
     @property
     def host_s(self) -> float:
@@ -125,13 +135,15 @@ def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_id
 
 def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
-                    mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
+                    mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None,
+                    planner: Planner | None = None) -> Generation:
     """DFlash decoding: greedy, it emits exactly the tokens `generate_ar` would; sampled, tokens with
     exactly the distribution `generate_ar` samples from (greedy by default).
 
     Each round's block is clamped so that it never writes past `max_seq_len` nor emits more
     than `max_new_tokens`; a block of one is a plain target step (the draft is skipped and its
-    unseen context carried to the next round).
+    unseen context carried to the next round). With a `planner` (`block_size: auto`) each round's block,
+    up to `block_size`, and how many of its proposals to verify are the planner's choice.
     """
     _check_prompt(prompt, max_seq_len, max_new_tokens)
     if block_size < 2:
@@ -145,25 +157,31 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
     done = out.tokens[-1] in eos_ids
     while not done:
-        b = min(block_size, max_new_tokens - len(out.tokens), max_seq_len - pos)
-        if b < 1:
+        room = min(block_size, max_new_tokens - len(out.tokens), max_seq_len - pos)
+        if room < 1:
             break
         t0 = time.perf_counter()
-        last, proposals, q = out.tokens[-1], [], None
+        b = planner.block(pos, room) if planner else room
+        last, proposals, q, draft_s = out.tokens[-1], [], None, 0.0
         if b >= 2:
             hidden = torch.cat(unseen, dim=1)
-            draft_logits = draft(torch.tensor([[last] + [mask_token_id] * (b - 1)]), hidden,
-                                 _positions(unseen_start, hidden.shape[1]))
-            proposals, q = sampler.propose(draft_logits[0])
+            block, context = torch.tensor([[last] + [mask_token_id] * (b - 1)]), _positions(unseen_start, hidden.shape[1])
+            t1 = time.perf_counter()
+            draft_logits = draft(block, hidden, context)[0]
+            draft_s = time.perf_counter() - t1
+            k = planner.verify_count(draft_logits, pos) if planner else b - 1
+            proposals, q = sampler.propose(draft_logits[:k]) if k else ([], None)
             unseen, unseen_start = [], pos
+        tokens, positions = torch.tensor([[last] + proposals]), _positions(pos, len(proposals) + 1)
         t1 = time.perf_counter()
-        logits, taps = target(torch.tensor([[last] + proposals]), _positions(pos, b))
-        t2 = time.perf_counter()
+        logits, taps = target(tokens, positions)
+        verify_s = time.perf_counter() - t1
         accepted, following = sampler.verify(proposals, q, logits[0])
+        planner and planner.observe(len(proposals), accepted)
         new, done = _cut_at_eos(proposals[:accepted] + [following], eos_ids)
         out.tokens += new
         on_tokens and on_tokens(new)
-        unseen.append(taps[:, :accepted + 1])  # taps of `last` and the accepted proposals
+        unseen.append(taps if accepted == len(proposals) else taps[:, :accepted + 1])  # of `last` and the accepted
         pos += accepted + 1
-        out.rounds.append(Round(len(proposals), accepted, len(new), t1 - t0, t2 - t1, time.perf_counter() - t0))
+        out.rounds.append(Round(len(proposals), accepted, len(new), draft_s, verify_s, time.perf_counter() - t0, b - 1))
     return out

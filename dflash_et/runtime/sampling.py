@@ -111,6 +111,12 @@ def residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
     return rest / total if total > 0 else p
 
 
+def argmax(logits: torch.Tensor) -> list[int] | int:
+    """The most likely token of each row (the first on ties, as torch.argmax): numpy's is 10x faster on a
+    CPU than torch's for a block of rows, and it runs on the host between every two program calls."""
+    return logits.detach().float().numpy().argmax(-1).tolist()
+
+
 class Sampler:
     """Chooses the tokens of one or more generations: greedily, or by sampling with a seeded generator."""
 
@@ -124,21 +130,21 @@ class Sampler:
     def next_token(self, logits: torch.Tensor) -> int:
         """A token from the target's logits [V] (plain decoding, and the token after prefill)."""
         if self.sampling.greedy:
-            return int(logits.argmax())
+            return argmax(logits)
         return self._draw(distribution(logits, self.sampling))
 
     def propose(self, draft_logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:
         """Proposals from the draft's logits [n, V], and the distributions q [n, V] they were drawn from
         (None for argmax proposals, whose q is one-hot)."""
         if self.sampling.greedy or self.sampling.proposals == "argmax":
-            return draft_logits.argmax(-1).tolist(), None
+            return argmax(draft_logits), None
         q = distribution(draft_logits, self.sampling)
         return torch.multinomial(q, 1, generator=self.generator)[:, 0].tolist(), q
 
     def verify(self, proposals: list[int], q: torch.Tensor | None, logits: torch.Tensor) -> tuple[int, int]:
         """(accepted, next): how many proposals the target's logits [n+1, V] accept, and the token after them."""
         if self.sampling.greedy:
-            verified = logits.argmax(-1).tolist()
+            verified = argmax(logits)
             accepted = 0
             while accepted < len(proposals) and proposals[accepted] == verified[accepted]:
                 accepted += 1

@@ -1,0 +1,236 @@
+"""Adaptive verify length (`block_size: auto`): how many proposals each round drafts and verifies.
+
+A round that drafts a block of B and verifies its first k proposals costs draft(B) + target(k + 1)
+on this device (`CostCurve`, measured once, at the round's cache position) and emits on average
+
+    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 a_2 ... a_k
+
+tokens, a_i being the chance the target accepts proposal i once it accepted those before it.
+
+- Per round, the draft's probability of its top token at each position, through `Calibration`
+  (learned online from what the target accepts), gives a_i, and the round verifies the k with the
+  most expected tokens per ms, its draft call included.
+- The block B is the one that would have given the most tokens per ms over the last rounds, judged
+  by what the target accepted in them.
+- When the last few rounds say a plain target step (B = 1) gives more, it decodes plainly and probes
+  the draft again after 2, 4, ... 32 plain steps: a draft that never helps costs one draft call per
+  32 tokens, and one that starts helping again is back within a few probes.
+
+k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any
+prefix keeps DFlash exact: greedy output is plain greedy decoding's, sampled output has its
+distribution. Decisions use the cost curve, not clocks, so given the curve they are reproducible.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dflash_et.errors import UserError
+
+AUTO = "auto"  # block_size: auto
+
+
+@dataclass
+class CostCurve:
+    """Milliseconds per program call on one device, at a few cache positions (interpolated between)."""
+
+    positions: list[int]
+    target_ms: list[list[float]]  # [position][T - 1]: a target call of T = 1..max_block tokens
+    draft_ms: list[list[float]]   # [position][B - 2]: a draft call with a block of B = 2..max_block
+    programs: str = ""            # which programs were timed (`Engine.identity`)
+
+    @property
+    def max_block(self) -> int:
+        return len(self.target_ms[0])
+
+    def target(self, tokens: int, pos: int) -> float:
+        return float(np.interp(pos, self.positions, [row[tokens - 1] for row in self.target_ms]))
+
+    def draft(self, block: int, pos: int) -> float:
+        return float(np.interp(pos, self.positions, [row[block - 2] for row in self.draft_ms]))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def load(cls, path: Path, programs: str) -> "CostCurve":
+        """The curve in `path` (the bench stage's cost_curve.json), checked to be of `programs`."""
+        try:
+            curve = cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            raise UserError(f"{path} is not a cost curve ({e}); the bench stage writes one "
+                            "(reports/cost_curve.json), or leave it out to measure one at load") from None
+        if curve.programs != programs:
+            raise UserError(f"{path} was measured on other programs than these; rerun the bench stage for them, "
+                            "or leave it out to measure one at load")
+        return curve
+
+
+def _floor(times: dict[int, list[float]]) -> list[float]:
+    """Per length, the fastest call (timing noise only ever adds), then no length dearer than a longer one."""
+    fastest = np.array([min(v) for v in times.values()])
+    return np.minimum.accumulate(fastest[::-1])[::-1].tolist()
+
+
+def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, repeats: int = 5) -> CostCurve:
+    """Time rounds of a draft call with a block of B and a target call of T = B tokens, for B = 1..max_block
+    (B = 1: the target alone), at the start, middle and end of the cache. Each sweep over the lengths
+    (the fastest of `repeats` counts; drift hits every length alike) runs three rounds of each length
+    back to back and keeps the last two: as in decoding, where the same shapes repeat, each program runs
+    after the other has evicted its weights from the CPU's caches, and a call of a new shape pays for
+    re-planning its kernels.
+
+    It writes into both programs' caches: call it before a generation, whose prefill overwrites them."""
+    last = max(max_seq_len - max_block, 0)
+    positions = sorted({min(64, last), last // 2, last})
+    taps = target(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))[1]
+    target_ms, draft_ms = [], []
+    for pos in positions:
+        t_times = {t: [] for t in range(1, max_block + 1)}
+        d_times = {b: [] for b in range(2, max_block + 1)}
+        for sweep in range(repeats + 1):  # the first sweep warms up and is dropped
+            for b in t_times:
+                n = min(b, pos) or 1  # about the new taps a round of that block brings
+                block, hidden = torch.zeros(1, b, dtype=torch.long), taps.new_zeros(1, n, taps.shape[-1])
+                for i in range(3):
+                    t0 = time.perf_counter()
+                    if b > 1:
+                        draft(block, hidden, torch.arange(pos - n, pos).clamp_min(0))
+                    t1 = time.perf_counter()
+                    target(block, torch.arange(pos, pos + b))
+                    t2 = time.perf_counter()
+                    if sweep and i:
+                        t_times[b].append(1000 * (t2 - t1))
+                        b > 1 and d_times[b].append(1000 * (t1 - t0))
+        target_ms.append(_floor(t_times))
+        draft_ms.append(_floor(d_times))
+    return CostCurve(positions, target_ms, draft_ms)
+
+
+class Calibration:
+    """P(the target accepts a proposal | the draft's probability of its top token there), by bins of that
+    probability, learned online. Each bin starts from `prior_weight` pseudo-observations at its own centre
+    (a calibrated draft); what rounds show is discounted by `memory` per round, so that it follows a draft
+    that goes from right to wrong (another kind of text) within tens of rounds, not hundreds."""
+
+    def __init__(self, bins: int = 10, prior_weight: float = 1.0, memory: float = 0.95):
+        self.prior = [((b + 0.5) / bins * prior_weight, prior_weight) for b in range(bins)]
+        self.accepted, self.tried, self.memory = [0.0] * bins, [0.0] * bins, memory
+        self.rate = [a / t for a, t in self.prior]
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * len(self.rate)), len(self.rate) - 1)
+
+    def __call__(self, confidence: list[float]) -> list[float]:
+        return [self.rate[self._bin(c)] for c in confidence]
+
+    def observe(self, confidence: list[float], accepted: int) -> None:
+        """A round verified len(confidence) proposals and the target accepted the first `accepted`: those
+        were accepted, the next rejected, and the rest (if any) were never put to the test."""
+        m = self.memory
+        self.accepted, self.tried = [a * m for a in self.accepted], [t * m for t in self.tried]
+        for i, c in enumerate(confidence[:accepted + 1]):
+            b = self._bin(c)
+            self.tried[b] += 1
+            self.accepted[b] += i < accepted
+        self.rate = [(pa + a) / (pt + t) for (pa, pt), a, t in zip(self.prior, self.accepted, self.tried)]
+
+
+def expected_tokens(acceptance: list[float]) -> list[float]:
+    """E(k) for k = 0..n: tokens a round emits on average when it verifies the first k of n proposals."""
+    out, reach = [1.0], 1.0
+    for a in acceptance:
+        reach *= a
+        out.append(out[-1] + reach)
+    return out
+
+
+class AdaptivePlanner:
+    """Per-round choices for one stream of generations; it keeps what it learns across them.
+
+    The draft block B (1: a plain step) is the one with the most tokens per ms, d(B) + t(B), over the
+    last `window` rounds, judged by what the target accepted in them and, past what they verified, by
+    how often it accepted each position lately; when the last `react` rounds say plain steps are
+    better, it decodes plainly and probes the draft again after 2, 4, .. `max_probe_gap` plain steps.
+    It runs between every two program calls, so it works on short Python lists: numpy's per-call cost
+    (with the CPU's caches cold from a program call) made it several times dearer."""
+
+    def __init__(self, curve: CostCurve, max_block: int, window: int = 32, react: int = 4, max_probe_gap: int = 32):
+        self.curve, self.max_block = curve, min(max_block, curve.max_block)
+        self.calibration = Calibration()
+        self.position_rate = [0.9] * (self.max_block - 1)  # how often proposal i was accepted when tested
+        self.recent = [expected_tokens(self.position_rate)] * window  # E(k) of recent rounds; optimistic at first
+        self.total = [len(self.recent) * e for e in self.recent[0]]
+        self.rounds, self.react, self.max_probe_gap = 0, react, max_probe_gap
+        self.probe_gap, self.plain_left, self._probing = 2, 0, False
+        self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
+        self._costs: dict[int, tuple[list[float], list[float]]] = {}
+
+    def _cost(self, pos: int) -> tuple[list[float], list[float]]:
+        """(target ms of T = 1..max_block tokens, draft ms of B = 1..max_block, 0 for B = 1), per 16 positions."""
+        bucket = pos // 16
+        if bucket not in self._costs:
+            at = bucket * 16 + 8
+            self._costs[bucket] = ([self.curve.target(t, at) for t in range(1, self.max_block + 1)],
+                                   [0.0] + [self.curve.draft(b, at) for b in range(2, self.max_block + 1)])
+        return self._costs[bucket]
+
+    def block(self, pos: int, room: int) -> int:
+        """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens."""
+        self._probing = False
+        if self.plain_left > 0:  # falling back: nothing learned since the last probe
+            self.plain_left -= 1
+            return 1
+        if room < 2:
+            return 1
+        target, draft = self._cost(pos)
+        cost = [t + d for t, d in zip(target[:room], draft)]
+        lately = [sum(col) for col in zip(*(self.recent[(self.rounds - 1 - i) % len(self.recent)]
+                                            for i in range(self.react)))]
+        if max(range(room), key=lambda b: lately[b] / cost[b]) > 0:
+            self.probe_gap = 2
+            return 2 + max(range(room - 1), key=lambda b: self.total[b + 1] / cost[b + 1])
+        # a probe: the best drafting block; when it does not pay, the next plain stretch is twice as long
+        self._probing, self.plain_left = True, self.probe_gap
+        self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
+        return 2 + max(range(room - 1), key=lambda b: self.total[b + 1] / cost[b + 1])
+
+    def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
+        """How many of the draft's proposals (logits [B-1, V]) to verify: the k with the most expected
+        tokens per ms for this round, the draft call included."""
+        self._confidence = draft_logits.float().softmax(-1).amax(-1).tolist()
+        n = len(self._confidence)
+        self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
+        expected = self._remember(expected_tokens(self._acceptance))
+        target, draft = self._cost(pos)
+        self._pos, self._block = pos, n + 1
+        return max(range(n + 1), key=lambda k: expected[k] / (draft[n] + target[k]))
+
+    def _remember(self, expected: list[float]) -> list[float]:
+        """Make `expected` this round's row of the window (replacing the oldest)."""
+        row = self.rounds % len(self.recent)
+        self.total = [t - old + new for t, old, new in zip(self.total, self.recent[row], expected)]
+        self.recent[row] = expected
+        self.rounds += 1
+        return expected
+
+    def observe(self, verified: int, accepted: int) -> None:
+        """What the target made of the round's first `verified` proposals."""
+        if not verified:
+            return
+        self.calibration.observe(self._confidence[:verified], accepted)
+        for i in range(min(accepted + 1, verified)):
+            self.position_rate[i] += 0.05 * ((i < accepted) - self.position_rate[i])
+        if accepted < verified:  # rejected there: nothing after it would have counted
+            seen = [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted)
+        else:
+            seen = [1.0] * accepted + self._acceptance[accepted:]
+        self.rounds -= 1  # this round's row, now with what happened
+        self._remember(expected_tokens(seen))
+        target, draft = self._cost(self._pos)
+        if self._probing and (accepted + 1) * target[0] > draft[self._block - 1] + target[verified]:
+            self.plain_left = self.probe_gap = 2  # the probe paid: the draft may be right again, probe again soon

@@ -1,0 +1,133 @@
+"""block_size: auto, on a scripted target and draft with a constructed cost curve: the planner's choices
+are functions of the curve and the draft's confidence, so every decision here is deterministic."""
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_et.errors import UserError
+from dflash_et.runtime.adaptive import AdaptivePlanner, Calibration, CostCurve, expected_tokens
+from dflash_et.runtime.generate import generate_ar, generate_dflash
+
+V, H, MASK = 64, 4, 63
+TRUTH = [int(x) for x in torch.randint(0, MASK, (600,), generator=torch.Generator().manual_seed(0))]
+
+
+def curve(target_slope: float = 0.1, max_block: int = 16, target: list[float] | None = None) -> CostCurve:
+    """A target call costs 1 ms + `target_slope` per extra token (or `target`[T - 1]); a draft call 0.3 ms +
+    0.02 per block token."""
+    target = target or [1 + target_slope * t for t in range(max_block)]
+    draft = [0.3 + 0.02 * b for b in range(2, max_block + 1)]
+    return CostCurve([0, 1000], [target, target], [draft, draft])
+
+
+def target(tokens: torch.Tensor, input_pos: torch.Tensor):
+    """Greedy continues TRUTH: the token after position p is TRUTH[p + 1], whatever came before."""
+    logits = torch.zeros(1, len(input_pos), V)
+    logits[0, torch.arange(len(input_pos)), torch.tensor([TRUTH[p + 1] for p in input_pos.tolist()])] = 10.0
+    return logits, torch.zeros(1, len(input_pos), H)
+
+
+class ScriptedDraft:
+    """Proposes TRUTH where `right(position)` says so and a wrong token elsewhere, `confidence(i)` sure of its
+    i-th proposal (i = 0..); counts its calls by position."""
+
+    def __init__(self, right=lambda p: True, confidence=lambda i: 0.97):
+        self.right, self.confidence, self.calls = right, confidence, []
+
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        start = int(input_pos[-1]) + 1  # the block's anchor sits here; proposal i predicts position start + 1 + i
+        self.calls.append(start)
+        logits = torch.zeros(1, tokens.shape[1] - 1, V)
+        for i in range(tokens.shape[1] - 1):
+            p = start + 1 + i
+            want = TRUTH[p] if self.right(p) else (TRUTH[p] + 1) % MASK
+            c = self.confidence(i)  # softmax of one logit h over V - 1 zeros: c = e^h / (e^h + V - 1)
+            logits[0, i, want] = float(np.log(c * (V - 1) / (1 - c)))
+        return logits
+
+
+def run(draft, planner, n=400, prompt=TRUTH[:10]):
+    out = generate_dflash(target, draft, prompt, n, set(), 1024, 16, planner.max_block, MASK, planner=planner)
+    assert out.tokens == generate_ar(target, prompt, n, set(), 1024, 16).tokens == TRUTH[10:10 + n]
+    return out
+
+
+def test_expected_tokens():
+    assert expected_tokens([0.5, 0.5]) == [1.0, 1.5, 1.75]
+    assert expected_tokens([1.0, 0.0, 1.0]) == [1.0, 2.0, 2.0, 2.0]
+
+
+def test_calibration_learns_what_the_target_accepts():
+    c = Calibration()
+    assert c([0.95, 0.05]) == pytest.approx([0.95, 0.05])  # the prior: a calibrated draft
+    for _ in range(50):  # sure of its first proposal and always wrong; the second never put to the test
+        c.observe([0.95, 0.15], accepted=0)
+    assert c([0.95])[0] < 0.1 and c([0.15])[0] == pytest.approx(0.15)
+    for _ in range(40):  # then right: within tens of rounds it believes the draft again
+        c.observe([0.95, 0.95, 0.95], accepted=3)
+    assert c([0.95])[0] > 0.9
+
+
+def test_a_good_draft_gets_long_blocks_and_the_cost_curve_cuts_them():
+    flat = run(ScriptedDraft(), AdaptivePlanner(curve(0.02), 16))
+    assert np.mean([r.proposed for r in flat.rounds[5:]]) > 12 and flat.tau > 10
+    step = run(ScriptedDraft(), AdaptivePlanner(curve(target=[1, 1.1, 1.2, 1.3] + [9] * 12), 16))
+    assert {r.proposed for r in step.rounds[:-1]} == {3} and {r.drafted for r in step.rounds[5:-1]} == {3}
+
+
+def test_unsure_proposals_are_not_verified():
+    """Sure of its first three proposals, a coin flip on the rest: verify the three (the curve charges 0.1 a token)."""
+    out = run(ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12), AdaptivePlanner(curve(0.3), 16))
+    assert [r.proposed for r in out.rounds[10:]] == [3] * len(out.rounds[10:-1]) + [out.rounds[-1].proposed]
+
+
+def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
+    """Right until position 100, confidently wrong from 100 to 400, right again after: auto stops drafting
+    after 4 rounds that did not pay, probes the draft after 2, 4, .. 32 plain steps, and
+    drafts again once it is right."""
+    draft = ScriptedDraft(right=lambda p: not 100 <= p < 400)
+    planner = AdaptivePlanner(curve(0.1), 16)
+    out = run(draft, planner, n=560)
+    bad = [c for c in draft.calls if 100 <= c < 400]
+    gaps = np.diff(bad).tolist()
+    assert gaps[:8] == [1] * 4 + [3, 5, 9, 17] and set(gaps[8:]) == {33}
+    pos, cost, plain = 10, 0.0, 0.0  # what the bad stretch cost, by the curve, against plain steps
+    for r in out.rounds:
+        if 130 <= pos < 400:
+            cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.proposed + 1, pos)
+            plain += r.emitted * planner.curve.target(1, pos)
+        pos += r.emitted
+    assert cost < 1.05 * plain
+    late = [r for r, p in zip(out.rounds, np.cumsum([10] + [r.emitted for r in out.rounds])) if p >= 450]
+    assert all(r.drafted for r in late) and np.mean([r.emitted for r in late]) > 8
+
+
+def test_probes_reset_when_the_draft_is_sure_again():
+    planner = AdaptivePlanner(curve(0.1), 16)
+    for _ in range(32):  # recent rounds: useless
+        planner._remember(expected_tokens([0.01] * 15))
+    blocks = [planner.block(100, 16) for _ in range(4)]
+    assert blocks[0] > 1 and blocks[1:3] == [1, 1] and blocks[3] > 1  # a probe, two plain steps, a probe
+    sure = torch.full((blocks[3] - 1, V), -10.0)
+    sure[:, 0] = 10.0
+    k = planner.verify_count(sure, 100)
+    planner.observe(k, accepted=0)  # a probe that failed: the next plain stretch is twice as long
+    assert k > 0 and (planner.plain_left, planner.probe_gap) == (4, 8)
+    assert [planner.block(100, 16) for _ in range(5)][4] > 1  # four plain steps, then a probe
+    k = planner.verify_count(sure, 100)
+    planner.observe(k, accepted=k)  # one that paid: probe again soon
+    assert (planner.plain_left, planner.probe_gap) == (2, 2)
+
+
+def test_cost_curve_file_round_trip_and_errors(tmp_path):
+    c = curve()
+    c.programs = "these"
+    (tmp_path / "c.json").write_text(__import__("json").dumps(c.to_dict()))
+    assert CostCurve.load(tmp_path / "c.json", "these") == c
+    assert c.target(2, 500) == pytest.approx(1.1) and c.draft(16, 0) == pytest.approx(0.62)
+    with pytest.raises(UserError, match="measured on other programs than these; rerun the bench stage"):
+        CostCurve.load(tmp_path / "c.json", "others")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(UserError, match="is not a cost curve"):
+        CostCurve.load(tmp_path / "bad.json", "these")

@@ -185,6 +185,7 @@ class AdaptivePlanner:
         if self.plain_left > 0:  # falling back: nothing learned since the last probe
             self.plain_left -= 1
             return 1
+        room = min(room, self.max_block)
         if room < 2:
             return 1
         target, draft = self._cost(pos)

@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
                         "cost curve and the draft's confidence (default: %(default)s)")
     g.add_argument("--cost-curve", type=Path, default=None,
                    help="with --block-size auto: this device's cost curve for these programs, as the bench "
-                        "stage writes it (reports/cost_curve.json) (default: measured at load, a few seconds)")
+                        "stage writes it (reports/cost_curve.json) (default: measured at load, one sweep: seconds "
+                        "on the built-in pair, about 300 calls of each program in general)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: %(default)s)")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object per completion {tokens, text, tau, tokens_per_s, and seed when "
@@ -83,6 +84,8 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
     engine = Engine(args.programs, args.cost_curve)
+    if args.block_size == AUTO and not args.ar:
+        engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
     if args.sample and settings.greedy:
         print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from dflash_et.errors import UserError
+from dflash_et.runtime import adaptive
 from dflash_et.runtime.adaptive import AdaptivePlanner, Calibration, CostCurve, expected_tokens
+from dflash_et.runtime.adaptive import confidence as adaptive_confidence
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 
 V, H, MASK = 64, 4, 63
@@ -99,7 +101,7 @@ def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
             plain += r.emitted * planner.curve.target(1, pos)
         pos += r.emitted
     assert cost < 1.05 * plain
-    late = [r for r, p in zip(out.rounds, np.cumsum([10] + [r.emitted for r in out.rounds])) if p >= 450]
+    late = [r for r, p in zip(out.rounds[:-1], np.cumsum([10] + [r.emitted for r in out.rounds])) if p >= 450]
     assert all(r.drafted for r in late) and np.mean([r.emitted for r in late]) > 8
 
 
@@ -118,6 +120,21 @@ def test_probes_reset_when_the_draft_is_sure_again():
     k = planner.verify_count(sure, 100)
     planner.observe(k, accepted=k)  # one that paid: probe again soon
     assert (planner.plain_left, planner.probe_gap) == (2, 2)
+
+
+def test_confidence_is_read_only_while_choosing_k_pays_for_it(monkeypatch):
+    """Reading the draft's confidence costs host time: a draft whose proposals are all worth verifying
+    (choosing k saves nothing) is read on every 8th round only; one where k matters, on most rounds."""
+    reads = []
+    monkeypatch.setattr(adaptive, "confidence", lambda logits: reads.append(1) or adaptive_confidence(logits))
+    c = curve(0.02)
+    c.confidence_ms = 0.05
+    share = []
+    for draft in (ScriptedDraft(), ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12)):
+        reads.clear()
+        out = run(draft, AdaptivePlanner(c, 16))
+        share.append(len(reads) / sum(1 for r in out.rounds if r.drafted))
+    assert 1 / 8 <= share[0] < 0.2 and share[1] > 0.5
 
 
 def test_cost_curve_file_round_trip_and_errors(tmp_path):

@@ -42,6 +42,7 @@ class CostCurve:
     target_ms: list[list[float]]  # [position][T - 1]: a target call of T = 1..max_block tokens
     draft_ms: list[list[float]]   # [position][B - 2]: a draft call with a block of B = 2..max_block
     programs: str = ""            # which programs were timed (`Engine.identity`)
+    confidence_ms: float = 0.0    # reading the draft's confidence in a block of max_block (`confidence`)
 
     @property
     def max_block(self) -> int:
@@ -70,6 +71,11 @@ class CostCurve:
         return curve
 
 
+def confidence(draft_logits: torch.Tensor) -> list[float]:
+    """The draft's probability of its top token at each position of its logits [n, V]."""
+    return draft_logits.float().softmax(-1).amax(-1).tolist()
+
+
 def _floor(times: dict[int, list[float]]) -> list[float]:
     """Per length, the fastest call (timing noise only ever adds), then no length dearer than a longer one."""
     fastest = np.array([min(v) for v in times.values()])
@@ -88,7 +94,7 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, repeats:
     last = max(max_seq_len - max_block, 0)
     positions = sorted({min(64, last), last // 2, last})
     taps = target(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))[1]
-    target_ms, draft_ms = [], []
+    target_ms, draft_ms, c_times = [], [], []
     for pos in positions:
         t_times = {t: [] for t in range(1, max_block + 1)}
         d_times = {b: [] for b in range(2, max_block + 1)}
@@ -99,16 +105,19 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, repeats:
                 for i in range(3):
                     t0 = time.perf_counter()
                     if b > 1:
-                        draft(block, hidden, torch.arange(pos - n, pos).clamp_min(0))
+                        logits = draft(block, hidden, torch.arange(pos - n, pos).clamp_min(0))[0]
                     t1 = time.perf_counter()
                     target(block, torch.arange(pos, pos + b))
                     t2 = time.perf_counter()
+                    if b == max_block > 1:  # read right after a target call, as decoding does
+                        confidence(logits)
+                        c_times.append(1000 * (time.perf_counter() - t2))
                     if sweep and i:
                         t_times[b].append(1000 * (t2 - t1))
                         b > 1 and d_times[b].append(1000 * (t1 - t0))
         target_ms.append(_floor(t_times))
         draft_ms.append(_floor(d_times))
-    return CostCurve(positions, target_ms, draft_ms)
+    return CostCurve(positions, target_ms, draft_ms, confidence_ms=min(c_times, default=0.0))
 
 
 class Calibration:
@@ -168,6 +177,7 @@ class AdaptivePlanner:
         self.rounds, self.react, self.max_probe_gap = 0, react, max_probe_gap
         self.probe_gap, self.plain_left, self._probing = 2, 0, False
         self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
+        self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
         self._costs: dict[int, tuple[list[float], list[float]]] = {}
 
     def _cost(self, pos: int) -> tuple[list[float], list[float]]:
@@ -202,14 +212,24 @@ class AdaptivePlanner:
 
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
         """How many of the draft's proposals (logits [B-1, V]) to verify: the k with the most expected
-        tokens per ms for this round, the draft call included."""
-        self._confidence = draft_logits.float().softmax(-1).amax(-1).tolist()
-        n = len(self._confidence)
-        self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
-        expected = self._remember(expected_tokens(self._acceptance))
+        tokens per ms for this round, the draft call included. Reading the draft's confidence costs host
+        time (a softmax over the vocabulary, `CostCurve.confidence_ms`): while choosing k has lately saved
+        less than that, a round verifies all its proposals, and only probes and every 8th round read it."""
+        n = draft_logits.shape[0]
         target, draft = self._cost(pos)
         self._pos, self._block = pos, n + 1
-        return max(range(n + 1), key=lambda k: expected[k] / (draft[n] + target[k]))
+        if self.saving <= self.curve.confidence_ms and self.rounds % 8 and not self._probing:
+            self._confidence, self._acceptance = [], self.position_rate[:]
+            self._remember(expected_tokens(self._acceptance))
+            return n
+        self._confidence = confidence(draft_logits)
+        self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
+        expected = self._remember(expected_tokens(self._acceptance))
+        cost = [draft[n] + t for t in target[:n + 1]]
+        k = max(range(n + 1), key=lambda k: expected[k] / cost[k])
+        saved = expected[k] * cost[n] / expected[n] - cost[k]  # ms to emit the same tokens verifying all n
+        self.saving = saved if self.saving == float("inf") else self.saving + 0.1 * (saved - self.saving)
+        return k
 
     def _remember(self, expected: list[float]) -> list[float]:
         """Make `expected` this round's row of the window (replacing the oldest)."""
@@ -223,7 +243,8 @@ class AdaptivePlanner:
         """What the target made of the round's first `verified` proposals."""
         if not verified:
             return
-        self.calibration.observe(self._confidence[:verified], accepted)
+        if self._confidence:
+            self.calibration.observe(self._confidence[:verified], accepted)
         for i in range(min(accepted + 1, verified)):
             self.position_rate[i] += 0.05 * ((i < accepted) - self.position_rate[i])
         if accepted < verified:  # rejected there: nothing after it would have counted

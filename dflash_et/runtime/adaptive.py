@@ -174,19 +174,22 @@ class AdaptivePlanner:
         self.position_rate = [0.9] * (self.max_block - 1)  # how often proposal i was accepted when tested
         self.recent = [expected_tokens(self.position_rate)] * window  # E(k) of recent rounds; optimistic at first
         self.total = [len(self.recent) * e for e in self.recent[0]]
+        self.lately = [react * e for e in self.recent[0]]
         self.rounds, self.react, self.max_probe_gap = 0, react, max_probe_gap
         self.probe_gap, self.plain_left, self._probing = 2, 0, False
         self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
         self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
         self._costs: dict[int, tuple[list[float], list[float]]] = {}
 
-    def _cost(self, pos: int) -> tuple[list[float], list[float]]:
-        """(target ms of T = 1..max_block tokens, draft ms of B = 1..max_block, 0 for B = 1), per 16 positions."""
+    def _cost(self, pos: int) -> tuple[list[float], list[float], list[float]]:
+        """(target ms of T = 1..max_block tokens, draft ms of B = 1..max_block with 0 for B = 1 (no call),
+        and their sum: a round of block B verifying all of it), per 16 positions."""
         bucket = pos // 16
         if bucket not in self._costs:
             at = bucket * 16 + 8
-            self._costs[bucket] = ([self.curve.target(t, at) for t in range(1, self.max_block + 1)],
-                                   [0.0] + [self.curve.draft(b, at) for b in range(2, self.max_block + 1)])
+            target = [self.curve.target(t, at) for t in range(1, self.max_block + 1)]
+            draft = [0.0] + [self.curve.draft(b, at) for b in range(2, self.max_block + 1)]
+            self._costs[bucket] = target, draft, [t + d for t, d in zip(target, draft)]
         return self._costs[bucket]
 
     def block(self, pos: int, room: int) -> int:
@@ -198,17 +201,16 @@ class AdaptivePlanner:
         room = min(room, self.max_block)
         if room < 2:
             return 1
-        target, draft = self._cost(pos)
-        cost = [t + d for t, d in zip(target[:room], draft)]
-        lately = [sum(col) for col in zip(*(self.recent[(self.rounds - 1 - i) % len(self.recent)]
-                                            for i in range(self.react)))]
-        if max(range(room), key=lambda b: lately[b] / cost[b]) > 0:
+        cost, lately, total = self._cost(pos)[2], self.lately, self.total
+        best = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
+        plain = lately[0] / cost[0]
+        if any(lately[b] / cost[b] > plain for b in range(1, room)):
             self.probe_gap = 2
-            return 2 + max(range(room - 1), key=lambda b: self.total[b + 1] / cost[b + 1])
+            return best
         # a probe: the best drafting block; when it does not pay, the next plain stretch is twice as long
         self._probing, self.plain_left = True, self.probe_gap
         self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
-        return 2 + max(range(room - 1), key=lambda b: self.total[b + 1] / cost[b + 1])
+        return best
 
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
         """How many of the draft's proposals (logits [B-1, V]) to verify: the k with the most expected
@@ -216,7 +218,7 @@ class AdaptivePlanner:
         time (a softmax over the vocabulary, `CostCurve.confidence_ms`): while choosing k has lately saved
         less than that, a round verifies all its proposals, and only probes and every 8th round read it."""
         n = draft_logits.shape[0]
-        target, draft = self._cost(pos)
+        target, draft, _ = self._cost(pos)
         self._pos, self._block = pos, n + 1
         if self.saving <= self.curve.confidence_ms and self.rounds % 8 and not self._probing:
             self._confidence, self._acceptance = [], self.position_rate[:]
@@ -231,12 +233,17 @@ class AdaptivePlanner:
         self.saving = saved if self.saving == float("inf") else self.saving + 0.1 * (saved - self.saving)
         return k
 
-    def _remember(self, expected: list[float]) -> list[float]:
-        """Make `expected` this round's row of the window (replacing the oldest)."""
-        row = self.rounds % len(self.recent)
-        self.total = [t - old + new for t, old, new in zip(self.total, self.recent[row], expected)]
+    def _remember(self, expected: list[float], replace: bool = False) -> list[float]:
+        """Make `expected` the newest row of the window (or replace the newest), keeping the sums over the
+        window (`total`) and over its last `react` rows (`lately`) current."""
+        window = len(self.recent)
+        row = (self.rounds - replace) % window
+        old = self.recent[row]
+        leaving = old if replace else self.recent[(self.rounds - self.react) % window]
+        self.total = [t - o + e for t, o, e in zip(self.total, old, expected)]
+        self.lately = [t - o + e for t, o, e in zip(self.lately, leaving, expected)]
         self.recent[row] = expected
-        self.rounds += 1
+        self.rounds += not replace
         return expected
 
     def observe(self, verified: int, accepted: int) -> None:
@@ -251,8 +258,7 @@ class AdaptivePlanner:
             seen = [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted)
         else:
             seen = [1.0] * accepted + self._acceptance[accepted:]
-        self.rounds -= 1  # this round's row, now with what happened
-        self._remember(expected_tokens(seen))
-        target, draft = self._cost(self._pos)
+        self._remember(expected_tokens(seen), replace=True)  # this round's row, now with what happened
+        target, draft, _ = self._cost(self._pos)
         if self._probing and (accepted + 1) * target[0] > draft[self._block - 1] + target[verified]:
             self.plain_left = self.probe_gap = 2  # the probe paid: the draft may be right again, probe again soon

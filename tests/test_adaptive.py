@@ -49,6 +49,11 @@ class ScriptedDraft:
         return logits
 
 
+def by_curve(curve: CostCurve, max_block: int = 16) -> AdaptivePlanner:
+    """Deciding by the curve alone (the scripted calls' own wall times are not what the curve describes)."""
+    return AdaptivePlanner(curve, max_block, time_weight=0.0)
+
+
 def run(draft, planner, n=400, prompt=TRUTH[:10]):
     out = generate_dflash(target, draft, prompt, n, set(), 1024, 16, planner.max_block, MASK, planner=planner)
     assert out.tokens == generate_ar(target, prompt, n, set(), 1024, 16).tokens == TRUTH[10:10 + n]
@@ -72,15 +77,15 @@ def test_calibration_learns_what_the_target_accepts():
 
 
 def test_a_good_draft_gets_long_blocks_and_the_cost_curve_cuts_them():
-    flat = run(ScriptedDraft(), AdaptivePlanner(curve(0.02), 16))
+    flat = run(ScriptedDraft(), by_curve(curve(0.02)))
     assert np.mean([r.proposed for r in flat.rounds[5:]]) > 12 and flat.tau > 10
-    step = run(ScriptedDraft(), AdaptivePlanner(curve(target=[1, 1.1, 1.2, 1.3] + [9] * 12), 16))
+    step = run(ScriptedDraft(), by_curve(curve(target=[1, 1.1, 1.2, 1.3] + [9] * 12)))
     assert {r.proposed for r in step.rounds[:-1]} == {3} and {r.drafted for r in step.rounds[5:-1]} == {3}
 
 
 def test_unsure_proposals_are_not_verified():
     """Sure of its first three proposals, a coin flip on the rest: verify the three (the curve charges 0.1 a token)."""
-    out = run(ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12), AdaptivePlanner(curve(0.3), 16))
+    out = run(ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12), by_curve(curve(0.3)))
     assert [r.proposed for r in out.rounds[10:]] == [3] * len(out.rounds[10:-1]) + [out.rounds[-1].proposed]
 
 
@@ -89,7 +94,7 @@ def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
     after 4 rounds that did not pay, probes the draft after 2, 4, .. 32 plain steps, and
     drafts again once it is right."""
     draft = ScriptedDraft(right=lambda p: not 100 <= p < 400)
-    planner = AdaptivePlanner(curve(0.1), 16)
+    planner = by_curve(curve(0.1))
     out = run(draft, planner, n=560)
     bad = [c for c in draft.calls if 100 <= c < 400]
     gaps = np.diff(bad).tolist()
@@ -106,7 +111,7 @@ def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
 
 
 def test_probes_reset_when_the_draft_is_sure_again():
-    planner = AdaptivePlanner(curve(0.1), 16)
+    planner = by_curve(curve(0.1))
     for _ in range(32):  # recent rounds: useless
         planner._remember(expected_tokens([0.01] * 15))
     blocks = [planner.block(100, 16) for _ in range(4)]
@@ -114,11 +119,11 @@ def test_probes_reset_when_the_draft_is_sure_again():
     sure = torch.full((blocks[3] - 1, V), -10.0)
     sure[:, 0] = 10.0
     k = planner.verify_count(sure, 100)
-    planner.observe(k, accepted=0)  # a probe that failed: the next plain stretch is twice as long
+    planner.observe(k, accepted=0, seconds=0.0)  # a probe that failed: the next plain stretch is twice as long
     assert k > 0 and (planner.plain_left, planner.probe_gap) == (4, 8)
     assert [planner.block(100, 16) for _ in range(5)][4] > 1  # four plain steps, then a probe
     k = planner.verify_count(sure, 100)
-    planner.observe(k, accepted=k)  # one that paid: probe again soon
+    planner.observe(k, accepted=k, seconds=0.0)  # one that paid: probe again soon
     assert (planner.plain_left, planner.probe_gap) == (2, 2)
 
 
@@ -132,7 +137,7 @@ def test_confidence_is_read_only_while_choosing_k_pays_for_it(monkeypatch):
     share = []
     for draft in (ScriptedDraft(), ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12)):
         reads.clear()
-        out = run(draft, AdaptivePlanner(c, 16))
+        out = run(draft, by_curve(c))
         share.append(len(reads) / sum(1 for r in out.rounds if r.drafted))
     assert 1 / 8 <= share[0] < 0.2 and share[1] > 0.5
 
@@ -148,3 +153,16 @@ def test_cost_curve_file_round_trip_and_errors(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UserError, match="is not a cost curve"):
         CostCurve.load(tmp_path / "bad.json", "these")
+
+
+def test_what_rounds_cost_beyond_the_curve_is_learned_per_call():
+    """Rounds that take 2 ms a call longer than the curve says (host work, cold caches) make plain steps and
+    drafting compare at their real cost."""
+    p = AdaptivePlanner(curve(0.1), 16)
+    for _ in range(200):
+        b, k = p.block(100, 16), 0
+        if b > 1:
+            k = p.verify_count(torch.zeros(b - 1, V), 100)  # unsure: verifies few or none
+        target, draft, _ = p._cost(100)
+        p.observe(k, 0, seconds=(draft[b - 1] + target[k] + 2.0 * (1 + (b > 1))) / 1000)
+    assert p.per_call == pytest.approx(2.0, rel=1e-3)

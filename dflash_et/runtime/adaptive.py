@@ -168,7 +168,8 @@ class AdaptivePlanner:
     It runs between every two program calls, so it works on short Python lists: numpy's per-call cost
     (with the CPU's caches cold from a program call) made it several times dearer."""
 
-    def __init__(self, curve: CostCurve, max_block: int, window: int = 32, react: int = 4, max_probe_gap: int = 32):
+    def __init__(self, curve: CostCurve, max_block: int, window: int = 32, react: int = 4, max_probe_gap: int = 32,
+                 time_weight: float = 0.05):
         self.curve, self.max_block = curve, min(max_block, curve.max_block)
         self.calibration = Calibration()
         self.position_rate = [0.9] * (self.max_block - 1)  # how often proposal i was accepted when tested
@@ -179,6 +180,8 @@ class AdaptivePlanner:
         self.probe_gap, self.plain_left, self._probing = 2, 0, False
         self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
         self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
+        self.per_call = 0.0  # ms each program call takes here beyond the curve (host work, caches), learned
+        self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone)
         self._costs: dict[int, tuple[list[float], list[float]]] = {}
 
     def _cost(self, pos: int) -> tuple[list[float], list[float], list[float]]:
@@ -194,16 +197,20 @@ class AdaptivePlanner:
 
     def block(self, pos: int, room: int) -> int:
         """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens."""
-        self._probing = False
+        self._probing, self._pos, self._block = False, pos, 1
         if self.plain_left > 0:  # falling back: nothing learned since the last probe
             self.plain_left -= 1
             return 1
         room = min(room, self.max_block)
         if room < 2:
             return 1
-        cost, lately, total = self._cost(pos)[2], self.lately, self.total
+        extra = self.per_call
+        cost = [c + 2 * extra for c in self._cost(pos)[2][:room]]
+        cost[0] -= extra  # a plain step is one call
+        lately, total = self.lately, self.total
         best = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
         plain = lately[0] / cost[0]
+        self._pos, self._block = pos, 1
         if any(lately[b] / cost[b] > plain for b in range(1, room)):
             self.probe_gap = 2
             return best
@@ -227,7 +234,7 @@ class AdaptivePlanner:
         self._confidence = confidence(draft_logits)
         self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
         expected = self._remember(expected_tokens(self._acceptance))
-        cost = [draft[n] + t for t in target[:n + 1]]
+        cost = [draft[n] + t + 2 * self.per_call for t in target[:n + 1]]
         k = max(range(n + 1), key=lambda k: expected[k] / cost[k])
         saved = expected[k] * cost[n] / expected[n] - cost[k]  # ms to emit the same tokens verifying all n
         self.saving = saved if self.saving == float("inf") else self.saving + 0.1 * (saved - self.saving)
@@ -246,8 +253,14 @@ class AdaptivePlanner:
         self.rounds += not replace
         return expected
 
-    def observe(self, verified: int, accepted: int) -> None:
-        """What the target made of the round's first `verified` proposals."""
+    def observe(self, verified: int, accepted: int, seconds: float) -> None:
+        """What the target made of the round's first `verified` proposals, and the round's wall time: what it
+        cost beyond the curve (host work, cold caches: on this project's VM about 1 ms a call) is spread
+        over its program calls and learned, so that plain steps and rounds are compared at their real cost."""
+        target, draft, _ = self._cost(self._pos)
+        calls = 1 + (self._block > 1)
+        over = (1000 * seconds - draft[self._block - 1] - target[verified]) / calls
+        self.per_call = max(0.0, self.per_call + self.time_weight * (over - self.per_call))
         if not verified:
             return
         if self._confidence:
@@ -259,6 +272,6 @@ class AdaptivePlanner:
         else:
             seen = [1.0] * accepted + self._acceptance[accepted:]
         self._remember(expected_tokens(seen), replace=True)  # this round's row, now with what happened
-        target, draft, _ = self._cost(self._pos)
-        if self._probing and (accepted + 1) * target[0] > draft[self._block - 1] + target[verified]:
+        extra = self.per_call
+        if self._probing and (accepted + 1) * (target[0] + extra) > draft[self._block - 1] + target[verified] + 2 * extra:
             self.plain_left = self.probe_gap = 2  # the probe paid: the draft may be right again, probe again soon

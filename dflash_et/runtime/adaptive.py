@@ -182,6 +182,7 @@ class AdaptivePlanner:
         self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
         self.per_call = 0.0  # ms each program call takes here beyond the curve (host work, caches), learned
         self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone)
+        self._started = 0.0
         self._costs: dict[int, tuple[list[float], list[float]]] = {}
 
     def _cost(self, pos: int) -> tuple[list[float], list[float], list[float]]:
@@ -197,7 +198,7 @@ class AdaptivePlanner:
 
     def block(self, pos: int, room: int) -> int:
         """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens."""
-        self._probing, self._pos, self._block = False, pos, 1
+        self._probing, self._pos, self._block, self._started = False, pos, 1, time.perf_counter()
         if self.plain_left > 0:  # falling back: nothing learned since the last probe
             self.plain_left -= 1
             return 1
@@ -253,10 +254,12 @@ class AdaptivePlanner:
         self.rounds += not replace
         return expected
 
-    def observe(self, verified: int, accepted: int, seconds: float) -> None:
-        """What the target made of the round's first `verified` proposals, and the round's wall time: what it
-        cost beyond the curve (host work, cold caches: on this project's VM about 1 ms a call) is spread
-        over its program calls and learned, so that plain steps and rounds are compared at their real cost."""
+    def observe(self, verified: int, accepted: int, seconds: float | None = None) -> None:
+        """What the target made of the round's first `verified` proposals, and the round's wall time (default:
+        since `block`): what it cost beyond the curve (host work, cold caches: on this project's VM about
+        1 ms a call) is spread over its program calls and learned, so that plain steps and rounds compare
+        at their real cost."""
+        seconds = time.perf_counter() - self._started if seconds is None else seconds
         target, draft, _ = self._cost(self._pos)
         calls = 1 + (self._block > 1)
         over = (1000 * seconds - draft[self._block - 1] - target[verified]) / calls

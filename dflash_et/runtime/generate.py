@@ -32,7 +32,7 @@ class Planner(Protocol):
 
     def block(self, pos: int, room: int) -> int: ...  # the draft block (1: a plain step), at most room
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int: ...  # proposals to verify
-    def observe(self, verified: int, accepted: int, seconds: float) -> None: ...  # what the round gave, in how long
+    def observe(self, verified: int, accepted: int) -> None: ...  # what the target accepted
 
 
 @dataclass
@@ -177,11 +177,11 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
         logits, taps = target(tokens, positions)
         verify_s = time.perf_counter() - t1
         accepted, following = sampler.verify(proposals, q, logits[0])
+        planner and planner.observe(len(proposals), accepted)
         new, done = _cut_at_eos(proposals[:accepted] + [following], eos_ids)
         out.tokens += new
         on_tokens and on_tokens(new)
         unseen.append(taps if accepted == len(proposals) else taps[:, :accepted + 1])  # of `last` and the accepted
         pos += accepted + 1
         out.rounds.append(Round(len(proposals), accepted, len(new), draft_s, verify_s, time.perf_counter() - t0, b - 1))
-        planner and planner.observe(len(proposals), accepted, out.rounds[-1].total_s)
     return out

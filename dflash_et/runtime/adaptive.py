@@ -18,7 +18,8 @@ tokens, a_i being the chance the target accepts proposal i once it accepted thos
 
 k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any
 prefix keeps DFlash exact: greedy output is plain greedy decoding's, sampled output has its
-distribution. Decisions use the cost curve, not clocks, so given the curve they are reproducible.
+distribution. Decisions use the cost curve plus what rounds take beyond it (learned from their wall
+times), so they vary from run to run; the tokens do not.
 """
 
 import json

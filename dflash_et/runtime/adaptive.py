@@ -197,6 +197,12 @@ class AdaptivePlanner:
             self._costs[bucket] = target, draft, [t + d for t, d in zip(target, draft)]
         return self._costs[bucket]
 
+    def _round_ms(self, pos: int, block: int, verified: int) -> float:
+        """A round drafting `block` (1: none) and verifying `verified` proposals: the curve plus what each
+        program call has lately taken beyond it."""
+        target, draft, _ = self._cost(pos)
+        return draft[block - 1] + target[verified] + self.per_call * (1 + (block > 1))
+
     def block(self, pos: int, room: int) -> int:
         """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens."""
         self._probing, self._pos, self._block, self._started = False, pos, 1, time.perf_counter()
@@ -206,13 +212,10 @@ class AdaptivePlanner:
         room = min(room, self.max_block)
         if room < 2:
             return 1
-        extra = self.per_call
-        cost = [c + 2 * extra for c in self._cost(pos)[2][:room]]
-        cost[0] -= extra  # a plain step is one call
+        cost = [self._round_ms(pos, b, b - 1) for b in range(1, room + 1)]
         lately, total = self.lately, self.total
         best = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
         plain = lately[0] / cost[0]
-        self._pos, self._block = pos, 1
         if any(lately[b] / cost[b] > plain for b in range(1, room)):
             self.probe_gap = 2
             return best
@@ -227,7 +230,6 @@ class AdaptivePlanner:
         time (a softmax over the vocabulary, `CostCurve.confidence_ms`): while choosing k has lately saved
         less than that, a round verifies all its proposals, and only probes and every 8th round read it."""
         n = draft_logits.shape[0]
-        target, draft, _ = self._cost(pos)
         self._pos, self._block = pos, n + 1
         if self.saving <= self.curve.confidence_ms and self.rounds % 8 and not self._probing:
             self._confidence, self._acceptance = [], self.position_rate[:]
@@ -236,7 +238,7 @@ class AdaptivePlanner:
         self._confidence = confidence(draft_logits)
         self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
         expected = self._remember(expected_tokens(self._acceptance))
-        cost = [draft[n] + t + 2 * self.per_call for t in target[:n + 1]]
+        cost = [self._round_ms(pos, n + 1, k) for k in range(n + 1)]
         k = max(range(n + 1), key=lambda k: expected[k] / cost[k])
         saved = expected[k] * cost[n] / expected[n] - cost[k]  # ms to emit the same tokens verifying all n
         self.saving = saved if self.saving == float("inf") else self.saving + 0.1 * (saved - self.saving)
@@ -276,6 +278,6 @@ class AdaptivePlanner:
         else:
             seen = [1.0] * accepted + self._acceptance[accepted:]
         self._remember(expected_tokens(seen), replace=True)  # this round's row, now with what happened
-        extra = self.per_call
-        if self._probing and (accepted + 1) * (target[0] + extra) > draft[self._block - 1] + target[verified] + 2 * extra:
+        paid = (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, self._block, verified)
+        if self._probing and paid:
             self.plain_left = self.probe_gap = 2  # the probe paid: the draft may be right again, probe again soon

@@ -91,23 +91,32 @@ def test_unsure_proposals_are_not_verified():
 
 def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
     """Right until position 100, confidently wrong from 100 to 400, right again after: auto stops drafting
-    after 4 rounds that did not pay, probes the draft after 2, 4, .. 32 plain steps, and
-    drafts again once it is right."""
+    once the window of rounds says it does not pay (at most 32 rounds), probes the draft after 2, 4, .. 32
+    plain steps, and drafts again once it is right."""
     draft = ScriptedDraft(right=lambda p: not 100 <= p < 400)
     planner = by_curve(curve(0.1))
     out = run(draft, planner, n=560)
     bad = [c for c in draft.calls if 100 <= c < 400]
     gaps = np.diff(bad).tolist()
-    assert gaps[:8] == [1] * 4 + [3, 5, 9, 17] and set(gaps[8:]) == {33}
-    pos, cost, plain = 10, 0.0, 0.0  # what the bad stretch cost, by the curve, against plain steps
+    entry = gaps.index(3)  # rounds drafted into the bad stretch before the first plain steps
+    assert 4 < entry <= 32 and set(gaps[:entry]) == {1}
+    assert gaps[entry:entry + 4] == [3, 5, 9, 17] and set(gaps[entry + 4:]) == {33}
+    pos, cost, plain = 10, 0.0, 0.0  # what the bad stretch cost after the entry, by the curve, against plain steps
     for r in out.rounds:
-        if 130 <= pos < 400:
+        if bad[entry] < pos < 400:
             cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.proposed + 1, pos)
             plain += r.emitted * planner.curve.target(1, pos)
         pos += r.emitted
     assert cost < 1.05 * plain
     late = [r for r, p in zip(out.rounds[:-1], np.cumsum([10] + [r.emitted for r in out.rounds])) if p >= 450]
     assert all(r.drafted for r in late) and np.mean([r.emitted for r in late]) > 8
+
+
+def test_a_short_bad_stretch_does_not_stop_a_good_draft():
+    """Six rounds or more that accept at most one proposal (wrong at 200..207) in a draft right elsewhere:
+    the last few rounds say plain steps, the window does not, and auto keeps drafting."""
+    out = run(ScriptedDraft(right=lambda p: not 200 <= p < 208), by_curve(curve(0.1)))
+    assert sum(r.accepted <= 1 for r in out.rounds) >= 6 and all(r.drafted for r in out.rounds[:-1])
 
 
 def test_probes_reset_when_the_draft_is_sure_again():
@@ -123,8 +132,8 @@ def test_probes_reset_when_the_draft_is_sure_again():
     assert k > 0 and (planner.plain_left, planner.probe_gap) == (4, 8)
     assert [planner.block(100, 16) for _ in range(5)][4] > 1  # four plain steps, then a probe
     k = planner.verify_count(sure, 100)
-    planner.observe(k, accepted=k, seconds=0.0)  # one that paid: probe again soon
-    assert (planner.plain_left, planner.probe_gap) == (2, 2)
+    planner.observe(k, accepted=k, seconds=0.0)  # one that paid: draft again at once
+    assert (planner.plain_left, planner.probe_gap) == (0, 2) and planner.block(100, 16) > 1
 
 
 def test_confidence_is_read_only_while_choosing_k_pays_for_it(monkeypatch):
@@ -163,6 +172,31 @@ def test_what_rounds_cost_beyond_the_curve_is_learned_per_call():
         b, k = p.block(100, 16), 0
         if b > 1:
             k = p.verify_count(torch.zeros(b - 1, V), 100)  # unsure: verifies few or none
-        target, draft, _ = p._cost(100)
+        target, draft = p._cost(100)
         p.observe(k, 0, seconds=(draft[b - 1] + target[k] + 2.0 * (1 + (b > 1))) / 1000)
     assert p.per_call == pytest.approx(2.0, rel=1e-3)
+
+
+
+def test_the_cost_curve_times_decoding_rounds_of_every_block():
+    """measure_cost_curve runs real decoding rounds (generate_dflash): per sweep, three rounds of each block
+    from the largest down to plain steps, every proposal verified, one position further each round, never
+    past the cache; a curve per position with a value per block."""
+    calls = []
+
+    def timed_target(tokens, input_pos):
+        calls.append((tokens.shape[1], int(input_pos[0])))
+        return target(tokens, input_pos)
+
+    draft = ScriptedDraft(right=lambda p: False)  # wrong everywhere: a sweep must not depend on acceptance
+    c = adaptive.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=2)
+    assert len(c.positions) == 3 and all(len(row) == 8 for row in c.target_ms) and all(len(row) == 7 for row in c.draft_ms)
+    assert all(p + t <= 200 for t, p in calls) and 0 < c.confidence_ms
+    decode = [t for t, _ in calls if t <= 8][-24:]  # the last sweep, after its prefill
+    assert decode == [b for b in range(8, 0, -1) for _ in range(3)]
+    positions = [p for t, p in calls][-24:]
+    assert positions == list(range(positions[0], positions[0] + 24)) and positions[-1] == 199
+    calls.clear()  # a cache too small for three rounds of each block: one each, still inside it
+    small = adaptive.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
+    assert all(p + t <= 10 for t, p in calls) and [t for t, _ in calls][-8:] == list(range(8, 0, -1))
+    assert all(len(row) == 8 and all(x > 0 for x in row) for row in small.target_ms)

@@ -11,10 +11,11 @@ tokens, a_i being the chance the target accepts proposal i once it accepted thos
   (learned online from what the target accepts), gives a_i, and the round verifies the k with the
   most expected tokens per ms, its draft call included.
 - The block B is the one that would have given the most tokens per ms over the last rounds, judged
-  by what the target accepted in them.
-- When the last few rounds say a plain target step (B = 1) gives more, it decodes plainly and probes
-  the draft again after 2, 4, ... 32 plain steps: a draft that never helps costs one draft call per
-  32 tokens, and one that starts helping again is back within a few probes.
+  by what the target accepted in them; it is decided anew every 4th round.
+- When both the last few rounds and the window say a plain target step (B = 1) gives more, it
+  decodes plainly and probes the draft again after 2, 4, ... 32 plain steps: a draft that never helps
+  costs one draft call per 32 tokens, and one that starts helping again is back as soon as the last
+  few rounds say so. A few bad rounds in a row alone, common with a good draft, do not stop it.
 
 k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any
 prefix keeps DFlash exact: greedy output is plain greedy decoding's, sampled output has its
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 
 from dflash_et.errors import UserError
+from dflash_et.runtime.generate import generate_dflash
+from dflash_et.runtime.sampling import Sampler, argmax
 
 AUTO = "auto"  # block_size: auto
 
@@ -77,48 +80,74 @@ def confidence(draft_logits: torch.Tensor) -> list[float]:
     return draft_logits.float().softmax(-1).amax(-1).tolist()
 
 
-def _floor(times: dict[int, list[float]]) -> list[float]:
-    """Per length, the fastest call (timing noise only ever adds), then no length dearer than a longer one."""
-    fastest = np.array([min(v) for v in times.values()])
-    return np.minimum.accumulate(fastest[::-1])[::-1].tolist()
+def _typical(times: dict[int, list[float]]) -> list[float]:
+    """Per length, the median round (what decoding meets), then no length dearer than a longer one."""
+    middle = np.array([np.median(v) for v in times.values()])
+    return np.minimum.accumulate(middle[::-1])[::-1].tolist()
 
 
-def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, repeats: int = 5) -> CostCurve:
-    """Time rounds of a draft call with a block of B and a target call of T = B tokens, for B = 1..max_block
-    (B = 1: the target alone), at the start, middle and end of the cache. Each sweep over the lengths
-    (the fastest of `repeats` counts; drift hits every length alike) runs three rounds of each length
-    back to back and keeps the last two: as in decoding, where the same shapes repeat, each program runs
-    after the other has evicted its weights from the CPU's caches, and a call of a new shape pays for
-    re-planning its kernels.
+class _Sweep:
+    """A planner that runs `per_block` rounds of each block B = max_block..1, verifying every proposal, and
+    times reading the draft's confidence in the largest. Descending, a sweep of max_block * per_block rounds
+    of one new token each fits in as many new tokens."""
+
+    def __init__(self, max_block: int, per_block: int):
+        self.blocks = [b for b in range(max_block, 0, -1) for _ in range(per_block)]
+        self.rounds, self.max_block, self.confidence_ms = 0, max_block, []
+
+    def block(self, pos: int, room: int) -> int:
+        self.rounds += 1
+        return min(self.blocks[self.rounds - 1], room)
+
+    def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
+        if draft_logits.shape[0] == self.max_block - 1:
+            t0 = time.perf_counter()
+            confidence(draft_logits)
+            self.confidence_ms.append(1000 * (time.perf_counter() - t0))
+        return draft_logits.shape[0]
+
+    def observe(self, verified: int, accepted: int) -> None:
+        pass
+
+
+class _AcceptNone(Sampler):
+    """Greedy verification (its host work) that accepts no proposal: each round moves one position on."""
+
+    def verify(self, proposals: list[int], q: torch.Tensor | None, logits: torch.Tensor) -> tuple[int, int]:
+        return 0, argmax(logits)[0]
+
+
+def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_token_id: int, prefill_chunk: int,
+                       repeats: int = 5) -> CostCurve:
+    """Time the draft and target calls of decoding rounds with a block of B = 1..max_block (B = 1: a plain
+    step), run by `generate_dflash` itself, at the start, middle and end of the cache: rounds as decoding
+    runs them, host work between the calls included, cost what isolated calls do not (on this project's
+    VM, isolated calls put block 12 7-9% dearer than 11 and 16 only 4-18% dearer than 12; in decoding
+    they cost the same, and 16 15-25% more). Each sweep runs three rounds of every block back to back
+    (the same shapes repeat in decoding) and keeps the last two; the median over `repeats` sweeps counts.
 
     It writes into both programs' caches: call it before a generation, whose prefill overwrites them."""
-    last = max(max_seq_len - max_block, 0)
-    positions = sorted({min(64, last), last // 2, last})
-    taps = target(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))[1]
-    target_ms, draft_ms, c_times = [], [], []
+    per_block = max(1, min(3, (max_seq_len - 1) // max_block))  # fewer in a cache too small for three
+    span = per_block * max_block  # positions a sweep moves on, one per round; descending, its blocks fit in them
+    last = max(max_seq_len - span, 1)
+    positions = sorted({min(64, last), last // 2 or 1, last})
+    target_ms, draft_ms, c_ms = [], [], []
     for pos in positions:
         t_times = {t: [] for t in range(1, max_block + 1)}
         d_times = {b: [] for b in range(2, max_block + 1)}
         for sweep in range(repeats + 1):  # the first sweep warms up and is dropped
-            for b in t_times:
-                n = min(b, pos) or 1  # about the new taps a round of that block brings
-                block, hidden = torch.zeros(1, b, dtype=torch.long), taps.new_zeros(1, n, taps.shape[-1])
-                for i in range(3):
-                    t0 = time.perf_counter()
-                    if b > 1:
-                        logits = draft(block, hidden, torch.arange(pos - n, pos).clamp_min(0))[0]
-                    t1 = time.perf_counter()
-                    target(block, torch.arange(pos, pos + b))
-                    t2 = time.perf_counter()
-                    if b == max_block > 1:  # read right after a target call, as decoding does
-                        confidence(logits)
-                        c_times.append(1000 * (time.perf_counter() - t2))
-                    if sweep and i:
-                        t_times[b].append(1000 * (t2 - t1))
-                        b > 1 and d_times[b].append(1000 * (t1 - t0))
-        target_ms.append(_floor(t_times))
-        draft_ms.append(_floor(d_times))
-    return CostCurve(positions, target_ms, draft_ms, confidence_ms=min(c_times, default=0.0))
+            plan = _Sweep(max_block, per_block)
+            out = generate_dflash(target, draft, [0] * pos, span + 1, set(), max_seq_len, prefill_chunk, max_block,
+                                  mask_token_id, sampler=_AcceptNone(), planner=plan)
+            for i, (b, r) in enumerate(zip(plan.blocks, out.rounds)):
+                if sweep and (i % per_block or per_block == 1):
+                    t_times[b].append(1000 * r.verify_s)
+                    b > 1 and d_times[b].append(1000 * r.draft_s)
+            c_ms += plan.confidence_ms if sweep else []
+        target_ms.append(_typical(t_times))
+        draft_ms.append(_typical(d_times))
+    return CostCurve([p + span // 2 for p in positions], target_ms, draft_ms,
+                     confidence_ms=float(np.median(c_ms)) if c_ms else 0.0)
 
 
 class Calibration:
@@ -164,8 +193,9 @@ class AdaptivePlanner:
 
     The draft block B (1: a plain step) is the one with the most tokens per ms, d(B) + t(B), over the
     last `window` rounds, judged by what the target accepted in them and, past what they verified, by
-    how often it accepted each position lately; when the last `react` rounds say plain steps are
-    better, it decodes plainly and probes the draft again after 2, 4, .. `max_probe_gap` plain steps.
+    how often it accepted each position lately. It falls back to plain steps when the last `react` rounds
+    and the whole window say they are better, and drafts again when the last `react` say it pays;
+    falling back, it probes the draft after 2, 4, .. `max_probe_gap` plain steps.
     It runs between every two program calls, so it works on short Python lists: numpy's per-call cost
     (with the CPU's caches cold from a program call) made it several times dearer."""
 
@@ -178,33 +208,33 @@ class AdaptivePlanner:
         self.total = [len(self.recent) * e for e in self.recent[0]]
         self.lately = [react * e for e in self.recent[0]]
         self.rounds, self.react, self.max_probe_gap = 0, react, max_probe_gap
-        self.probe_gap, self.plain_left, self._probing = 2, 0, False
-        self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
+        self.probe_gap, self.plain_left, self._probing, self.falling_back = 2, 0, False, False
+        self._confidence, self._acceptance, self._pos, self._block, self._chosen = [], [], 0, 1, self.max_block
         self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
         self.per_call = 0.0  # ms each program call takes here beyond the curve (host work, caches), learned
         self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone)
         self._started = 0.0
         self._costs: dict[int, tuple[list[float], list[float]]] = {}
 
-    def _cost(self, pos: int) -> tuple[list[float], list[float], list[float]]:
-        """(target ms of T = 1..max_block tokens, draft ms of B = 1..max_block with 0 for B = 1 (no call),
-        and their sum: a round of block B verifying all of it), per 16 positions."""
+    def _cost(self, pos: int) -> tuple[list[float], list[float]]:
+        """(target ms of T = 1..max_block tokens, draft ms of B = 1..max_block with 0 for B = 1 (no call)),
+        per 16 positions."""
         bucket = pos // 16
         if bucket not in self._costs:
             at = bucket * 16 + 8
-            target = [self.curve.target(t, at) for t in range(1, self.max_block + 1)]
-            draft = [0.0] + [self.curve.draft(b, at) for b in range(2, self.max_block + 1)]
-            self._costs[bucket] = target, draft, [t + d for t, d in zip(target, draft)]
+            self._costs[bucket] = ([self.curve.target(t, at) for t in range(1, self.max_block + 1)],
+                                   [0.0] + [self.curve.draft(b, at) for b in range(2, self.max_block + 1)])
         return self._costs[bucket]
 
     def _round_ms(self, pos: int, block: int, verified: int) -> float:
         """A round drafting `block` (1: none) and verifying `verified` proposals: the curve plus what each
         program call has lately taken beyond it."""
-        target, draft, _ = self._cost(pos)
+        target, draft = self._cost(pos)
         return draft[block - 1] + target[verified] + self.per_call * (1 + (block > 1))
 
     def block(self, pos: int, room: int) -> int:
-        """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens."""
+        """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens. Drafting,
+        it decides anew every 4th round and keeps its choice in between (deciding costs host time)."""
         self._probing, self._pos, self._block, self._started = False, pos, 1, time.perf_counter()
         if self.plain_left > 0:  # falling back: nothing learned since the last probe
             self.plain_left -= 1
@@ -212,17 +242,22 @@ class AdaptivePlanner:
         room = min(room, self.max_block)
         if room < 2:
             return 1
+        if self.rounds % 4 and not self.falling_back and self._chosen <= room:
+            return self._chosen
         cost = [self._round_ms(pos, b, b - 1) for b in range(1, room + 1)]
-        lately, total = self.lately, self.total
-        best = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
-        plain = lately[0] / cost[0]
-        if any(lately[b] / cost[b] > plain for b in range(1, room)):
-            self.probe_gap = 2
-            return best
-        # a probe: the best drafting block; when it does not pay, the next plain stretch is twice as long
-        self._probing, self.plain_left = True, self.probe_gap
-        self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
-        return best
+        total = self.total
+        self._chosen = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
+
+        def drafting_pays(sums: list[float]) -> bool:  # tokens per ms: some block beats a plain step (sums[0])
+            return any(sums[b] / cost[b] > sums[0] / cost[0] for b in range(1, room))
+
+        # hysteresis: a short bad stretch alone does not stop drafting, a short good one restarts it
+        if drafting_pays(self.lately) or (not self.falling_back and drafting_pays(total)):
+            self.probe_gap, self.falling_back = 2, False
+        else:  # a probe: the best drafting block; when it does not pay, the next plain stretch is twice as long
+            self._probing, self.plain_left, self.falling_back = True, self.probe_gap, True
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
+        return self._chosen
 
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
         """How many of the draft's proposals (logits [B-1, V]) to verify: the k with the most expected
@@ -233,29 +268,26 @@ class AdaptivePlanner:
         self._pos, self._block = pos, n + 1
         if self.saving <= self.curve.confidence_ms and self.rounds % 8 and not self._probing:
             self._confidence, self._acceptance = [], self.position_rate[:]
-            self._remember(expected_tokens(self._acceptance))
             return n
         self._confidence = confidence(draft_logits)
         self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
-        expected = self._remember(expected_tokens(self._acceptance))
+        expected = expected_tokens(self._acceptance)
         cost = [self._round_ms(pos, n + 1, k) for k in range(n + 1)]
         k = max(range(n + 1), key=lambda k: expected[k] / cost[k])
         saved = expected[k] * cost[n] / expected[n] - cost[k]  # ms to emit the same tokens verifying all n
         self.saving = saved if self.saving == float("inf") else self.saving + 0.1 * (saved - self.saving)
         return k
 
-    def _remember(self, expected: list[float], replace: bool = False) -> list[float]:
-        """Make `expected` the newest row of the window (or replace the newest), keeping the sums over the
-        window (`total`) and over its last `react` rows (`lately`) current."""
+    def _remember(self, expected: list[float]) -> None:
+        """Make `expected` the newest row of the window, keeping the sums over the window (`total`) and over
+        its last `react` rows (`lately`) current."""
         window = len(self.recent)
-        row = (self.rounds - replace) % window
-        old = self.recent[row]
-        leaving = old if replace else self.recent[(self.rounds - self.react) % window]
+        row = self.rounds % window
+        old, leaving = self.recent[row], self.recent[(self.rounds - self.react) % window]
         self.total = [t - o + e for t, o, e in zip(self.total, old, expected)]
         self.lately = [t - o + e for t, o, e in zip(self.lately, leaving, expected)]
         self.recent[row] = expected
-        self.rounds += not replace
-        return expected
+        self.rounds += 1
 
     def observe(self, verified: int, accepted: int, seconds: float | None = None) -> None:
         """What the target made of the round's first `verified` proposals, and the round's wall time (default:
@@ -263,11 +295,14 @@ class AdaptivePlanner:
         1 ms a call) is spread over its program calls and learned, so that plain steps and rounds compare
         at their real cost."""
         seconds = time.perf_counter() - self._started if seconds is None else seconds
-        target, draft, _ = self._cost(self._pos)
-        calls = 1 + (self._block > 1)
-        over = (1000 * seconds - draft[self._block - 1] - target[verified]) / calls
+        target, draft = self._cost(self._pos)
+        b = self._block
+        over = (1000 * seconds - draft[b - 1] - target[verified]) / (1 + (b > 1))
         self.per_call = max(0.0, self.per_call + self.time_weight * (over - self.per_call))
-        if not verified:
+        if b == 1:
+            return
+        if not verified:  # none put to the test: the round counts as its draft's confidence said
+            self._remember(expected_tokens(self._acceptance))
             return
         if self._confidence:
             self.calibration.observe(self._confidence[:verified], accepted)
@@ -277,7 +312,7 @@ class AdaptivePlanner:
             seen = [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted)
         else:
             seen = [1.0] * accepted + self._acceptance[accepted:]
-        self._remember(expected_tokens(seen), replace=True)  # this round's row, now with what happened
+        self._remember(expected_tokens(seen))
         paid = (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, self._block, verified)
-        if self._probing and paid:
-            self.plain_left = self.probe_gap = 2  # the probe paid: the draft may be right again, probe again soon
+        if self._probing and paid:  # the draft may be right again: decide at once, by the last rounds
+            self.plain_left, self.probe_gap = 0, 2

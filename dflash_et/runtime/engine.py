@@ -45,7 +45,8 @@ class Engine:
     def cost_curve(self, repeats: int = 5) -> CostCurve:
         """This device's cost per program call: the one the engine was given, or measured now (once)."""
         if self._curve is None:
-            self._curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_seq_len, repeats)
+            self._curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_seq_len,
+                                             self.mask_token_id, self.chunk, repeats)
             self._curve.programs = self.identity
         return self._curve
 

@@ -119,6 +119,16 @@ def test_a_short_bad_stretch_does_not_stop_a_good_draft():
     assert sum(r.accepted <= 1 for r in out.rounds) >= 6 and all(r.drafted for r in out.rounds[:-1])
 
 
+def test_a_round_that_ends_its_generation_counts_no_tokens_past_its_end():
+    """Replies of 6 tokens, one round each (a block of 5 fits what is left): a longer block would have
+    emitted nothing more, so the window credits none (extrapolating would favour blocks of 16)."""
+    planner = by_curve(curve(0.1))
+    for _ in range(40):
+        out = generate_dflash(target, ScriptedDraft(), TRUTH[:10], 6, set(), 1024, 16, 16, MASK, planner=planner)
+        assert out.tokens == TRUTH[10:16] and len(out.rounds) == 1
+    assert planner.total[15] == pytest.approx(planner.total[4]) == 32 * 5
+
+
 def test_probes_reset_when_the_draft_is_sure_again():
     planner = by_curve(curve(0.1))
     for _ in range(32):  # recent rounds: useless

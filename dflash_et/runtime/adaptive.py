@@ -214,6 +214,8 @@ class AdaptivePlanner:
         self.per_call = 0.0  # ms each program call takes here beyond the curve (host work, caches), learned
         self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone)
         self._started = 0.0
+        self._pending: tuple[int, list[float]] | None = None  # the last round's (accepted, row), until the next
+        self._next_pos = 0
         self._costs: dict[int, tuple[list[float], list[float]]] = {}
 
     def _cost(self, pos: int) -> tuple[list[float], list[float]]:
@@ -235,6 +237,8 @@ class AdaptivePlanner:
     def block(self, pos: int, room: int) -> int:
         """The draft block for the round at `pos` (1: a plain target step), at most `room` tokens. Drafting,
         it decides anew every 4th round and keeps its choice in between (deciding costs host time)."""
+        if self._pending:
+            self._commit(ended=pos != self._next_pos)
         self._probing, self._pos, self._block, self._started = False, pos, 1, time.perf_counter()
         if self.plain_left > 0:  # falling back: nothing learned since the last probe
             self.plain_left -= 1
@@ -278,6 +282,17 @@ class AdaptivePlanner:
         self.saving = saved if self.saving == float("inf") else self.saving + 0.1 * (saved - self.saving)
         return k
 
+    def _commit(self, ended: bool) -> None:
+        """The last round's row, once the next round shows whether the generation went on: if it ended there
+        (end of text, max tokens), a longer block would have emitted nothing more. The built-in pair's
+        replies are ~3 rounds long; counting such ends as continued made block 16 look 14% better than
+        12 where it was 7%."""
+        accepted, seen = self._pending
+        if ended:
+            seen = seen[:accepted] + [0.0] * (len(seen) - accepted)
+        self._remember(expected_tokens(seen))
+        self._pending = None
+
     def _remember(self, expected: list[float]) -> None:
         """Make `expected` the newest row of the window, keeping the sums over the window (`total`) and over
         its last `react` rows (`lately`) current."""
@@ -301,18 +316,18 @@ class AdaptivePlanner:
         self.per_call = max(0.0, self.per_call + self.time_weight * (over - self.per_call))
         if b == 1:
             return
+        self._next_pos = self._pos + accepted + 1
         if not verified:  # none put to the test: the round counts as its draft's confidence said
-            self._remember(expected_tokens(self._acceptance))
+            self._pending = 0, self._acceptance
             return
         if self._confidence:
             self.calibration.observe(self._confidence[:verified], accepted)
         for i in range(min(accepted + 1, verified)):
             self.position_rate[i] += 0.05 * ((i < accepted) - self.position_rate[i])
         if accepted < verified:  # rejected there: nothing after it would have counted
-            seen = [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted)
+            self._pending = accepted, [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted)
         else:
-            seen = [1.0] * accepted + self._acceptance[accepted:]
-        self._remember(expected_tokens(seen))
+            self._pending = accepted, [1.0] * accepted + self._acceptance[accepted:]
         paid = (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, self._block, verified)
         if self._probing and paid:  # the draft may be right again: decide at once, by the last rounds
             self.plain_left, self.probe_gap = 0, 2

@@ -32,7 +32,7 @@ class BenchConfig:
     max_new_tokens: int = 64
     repeats: int = 3
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
-    latency_repeats: int = 10   # sweeps of decoding rounds timed for the cost curve (the median counts)
+    latency_repeats: int = 20   # sweeps of decoding rounds timed for the cost curve (`adaptive._typical`)
     block_sizes: tuple[int, ...] = (2, 4, 8, 12, 16)  # fixed blocks measured beside auto (those the programs take)
     temperature: float | str = 0.0  # 0: greedy; "recommended": the checkpoint's temperature, top_p and top_k
                                     # (target.pte's metadata; top_p and top_k below then do nothing)

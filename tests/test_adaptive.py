@@ -189,9 +189,10 @@ def test_what_rounds_cost_beyond_the_curve_is_learned_per_call():
 
 
 def test_the_cost_curve_times_decoding_rounds_of_every_block():
-    """measure_cost_curve runs real decoding rounds (generate_dflash): per sweep, three rounds of each block
-    from the largest down to plain steps, every proposal verified, one position further each round, never
-    past the cache; a curve per position with a value per block."""
+    """measure_cost_curve runs real decoding rounds (generate_dflash): per sweep, three rounds of each block,
+    in descending and ascending order by turns (so that each block is timed at the same mean position),
+    every proposal verified, one position further each round, never past the cache; a curve per position
+    with a value per block."""
     calls = []
 
     def timed_target(tokens, input_pos):
@@ -202,10 +203,11 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
     c = adaptive.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=2)
     assert len(c.positions) == 3 and all(len(row) == 8 for row in c.target_ms) and all(len(row) == 7 for row in c.draft_ms)
     assert all(p + t <= 200 for t, p in calls) and 0 < c.confidence_ms
-    decode = [t for t, _ in calls if t <= 8][-24:]  # the last sweep, after its prefill
-    assert decode == [b for b in range(8, 0, -1) for _ in range(3)]
-    positions = [p for t, p in calls][-24:]
-    assert positions == list(range(positions[0], positions[0] + 24)) and positions[-1] == 199
+    lengths = "".join(str(t) if t < 10 else "|" for t, _ in calls)  # prefill chunks of 16 read as |
+    descending, ascending = "".join(str(b) * 3 for b in range(8, 0, -1)), "".join(str(b) * 3 for b in range(1, 9))
+    assert lengths.count(descending) == 3 and lengths.endswith(ascending + "1" * 8)  # 3 positions x 1 descending sweep
+    positions = [p for t, p in calls][-32:]
+    assert positions == list(range(positions[0], positions[0] + 32)) and positions[-1] == 199
     calls.clear()  # a cache too small for three rounds of each block: one each, still inside it
     small = adaptive.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
     assert all(p + t <= 10 for t, p in calls) and [t for t, _ in calls][-8:] == list(range(8, 0, -1))

@@ -89,17 +89,17 @@ def _typical(times: dict[int, list[float]]) -> list[float]:
 
 
 class _Sweep:
-    """A planner that runs `per_block` rounds of each block B = max_block..1, verifying every proposal, and
-    times reading the draft's confidence in the largest. Descending, a sweep of max_block * per_block rounds
-    of one new token each fits in as many new tokens."""
+    """A planner that runs `per_block` rounds of each block B = max_block..1 (or 1..max_block), verifying
+    every proposal, then plain steps; it times reading the draft's confidence in the largest block."""
 
-    def __init__(self, max_block: int, per_block: int):
-        self.blocks = [b for b in range(max_block, 0, -1) for _ in range(per_block)]
+    def __init__(self, max_block: int, per_block: int, descending: bool):
+        order = range(max_block, 0, -1) if descending else range(1, max_block + 1)
+        self.blocks = [b for b in order for _ in range(per_block)]
         self.rounds, self.max_block, self.confidence_ms = 0, max_block, []
 
     def block(self, pos: int, room: int) -> int:
         self.rounds += 1
-        return min(self.blocks[self.rounds - 1], room)
+        return min(self.blocks[self.rounds - 1], room) if self.rounds <= len(self.blocks) else 1
 
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
         if draft_logits.shape[0] == self.max_block - 1:
@@ -131,16 +131,20 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_tok
     It writes into both programs' caches: call it before a generation, whose prefill overwrites them."""
     per_block = max(1, min(3, (max_seq_len - 1) // max_block))  # fewer in a cache too small for three
     span = per_block * max_block  # positions a sweep moves on, one per round; descending, its blocks fit in them
-    last = max(max_seq_len - span, 1)
+    # Sweeps alternate the order where the cache has room for an ascending one (its last block ends `max_block`
+    # past the span): each block is then timed at the same mean position (cost grows with it: descending
+    # only, block 16 would be timed 12 positions before block 12, 1.6% cheaper on the built-in pair).
+    both = max_seq_len - span - max_block >= 1
+    last = max(max_seq_len - span - both * max_block, 1)
     positions = sorted({min(64, last), last // 2 or 1, last})
     target_ms, draft_ms, c_ms = [], [], []
     for pos in positions:
         t_times = {t: [] for t in range(1, max_block + 1)}
         d_times = {b: [] for b in range(2, max_block + 1)}
         for sweep in range(repeats + 1):  # the first sweep warms up and is dropped
-            plan = _Sweep(max_block, per_block)
-            out = generate_dflash(target, draft, [0] * pos, span + 1, set(), max_seq_len, prefill_chunk, max_block,
-                                  mask_token_id, sampler=_AcceptNone(), planner=plan)
+            plan = _Sweep(max_block, per_block, descending=not both or sweep % 2 == 1)
+            out = generate_dflash(target, draft, [0] * pos, span + both * max_block + 1, set(), max_seq_len,
+                                  prefill_chunk, max_block, mask_token_id, sampler=_AcceptNone(), planner=plan)
             for i, (b, r) in enumerate(zip(plan.blocks, out.rounds)):
                 if sweep and (i % per_block or per_block == 1):
                     t_times[b].append(1000 * r.verify_s)

@@ -22,6 +22,10 @@ def test_bench_metrics_and_plots(programs):
     categories = {"math", "code", "chat"}
     assert set(metrics["tau_by_category"]) == set(metrics["speedup_auto_by_category"]) == categories
     assert set(metrics["speedup_by_block_by_category"]["code"]) == {"2", "8"}
+    for c in categories:  # greedy, each repeat emits the same tokens: the pooled speedup lies in the range
+        low, high = metrics["speedup_range_over_repeats_by_category"][c]["auto"]
+        assert 0 < low <= metrics["speedup_auto_by_category"][c] * (1 + 1e-9) and low <= high
+        assert metrics["speedup_auto_by_category"][c] <= high * (1 + 1e-9)
     choices = metrics["auto_rounds_by_category"]
     assert sum(sum(c.values()) for c in choices.values()) == metrics["rounds"]
     assert metrics["tau_auto"] > 1.5 and 1 <= metrics["mean_verify_tokens_auto"] <= 8  # proposals accepted

@@ -134,11 +134,14 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         count = Counter("plain" if r.drafted == 0 else str(r.proposed) for g in pooled(AUTO, category) for r in g.rounds)
         return {k: count[k] for k in ["plain", *map(str, range(engine.max_block_size))] if count[k]}
 
-    def spread(mode: str) -> list[float]:
+    def spread(mode: str, category: str | None = None) -> list[float]:
+        """The lowest and highest speedup of one repeat: the run's own noise, to judge differences by."""
         per_repeat = []
         for repeat in range(config.repeats):
-            ar = _throughput([g for gs in runs["ar"][repeat].values() for g in gs])
-            per_repeat.append(_throughput([g for gs in runs[mode][repeat].values() for g in gs]) / ar)
+            def of(m: str) -> list[Generation]:
+                return [g for c, gs in runs[m][repeat].items() if category in (None, c) for g in gs]
+            ar = _throughput(of("ar"))
+            per_repeat.append(_throughput(of(mode)) / ar if ar else 0.0)
         return [min(per_repeat), max(per_repeat)]
 
     main_runs = pooled(headline)
@@ -176,6 +179,7 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         "mean_verify_tokens_auto_by_category": {c: mean_verify_tokens(c) for c in categories},
         "auto_rounds_by_category": {c: choices(c) for c in categories},
         "speedup_range_over_repeats": {mode: spread(mode) for mode in modes},
+        "speedup_range_over_repeats_by_category": {c: {mode: spread(mode, c) for mode in modes} for c in categories},
         **({"block_sizes_skipped": too_large} if too_large else {}),
     }
     end = curve.positions[-1]

@@ -84,9 +84,9 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
     engine = Engine(args.programs, args.cost_curve)
-    if args.block_size == AUTO and not args.ar:
-        engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
+    if args.block_size == AUTO and not args.ar and settings.greedy:  # sampled, auto keeps the largest block
+        engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     if args.sample and settings.greedy:
         print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "
               "false); give --temperature to sample", file=sys.stderr)

@@ -124,9 +124,10 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_tok
     """Time the draft and target calls of decoding rounds with a block of B = 1..max_block (B = 1: a plain
     step), run by `generate_dflash` itself, at the start, middle and end of the cache: rounds as decoding
     runs them, host work between the calls included, cost what isolated calls do not (on this project's
-    VM, isolated calls put block 12 7-9% dearer than 11 and 16 only 4-18% dearer than 12; in decoding
-    they cost the same, and 16 15-25% more). Each sweep runs three rounds of every block back to back
-    (the same shapes repeat in decoding) and keeps the last two, over `repeats` sweeps (`_typical`).
+    VM, block 16 against block 12: 2-29% dearer in isolated calls, from one measurement to the next, and
+    16-25% in decoding; block 13 against 12: 0-21% and 10-21%). Each sweep runs three rounds of every
+    block back to back (the same shapes repeat in decoding) and keeps the last two, over `repeats` sweeps
+    (`_typical`).
 
     It writes into both programs' caches: call it before a generation, whose prefill overwrites them."""
     per_block = max(1, min(3, (max_seq_len - 1) // max_block))  # fewer in a cache too small for three

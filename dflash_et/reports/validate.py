@@ -126,8 +126,8 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
     blocks = blocks or [*sorted({2, largest}), AUTO]
     planner = None
     if AUTO in blocks:
-        planner = AdaptivePlanner(measure_cost_curve(target_p, draft_p, largest, max_seq_len, mask_token_id, chunk,
-                                                             repeats=1), largest)
+        curve = measure_cost_curve(target_p, draft_p, largest, max_seq_len, mask_token_id, chunk, repeats=1)
+        planner = AdaptivePlanner(curve, largest)
     taus: dict[int | str, list[float]] = {}
     matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):

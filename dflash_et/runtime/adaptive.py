@@ -292,8 +292,9 @@ class AdaptivePlanner:
     def _commit(self, ended: bool) -> None:
         """The last round's row, once the next round shows whether the generation went on: if it ended there
         (end of text, max tokens), a longer block would have emitted nothing more. The built-in pair's
-        replies are ~3 rounds long; counting such ends as continued made block 16 look 14% better than
-        12 where it was 7%."""
+        replies are ~3 rounds long: on the same text, block 16 emits 18% more than block 12 in rounds
+        within a reply, none more in final ones, 13% more over all; counting final rounds as continued
+        credited it the 18%."""
         accepted, seen = self._pending
         if ended:
             seen = seen[:accepted] + [0.0] * (len(seen) - accepted)

@@ -336,6 +336,6 @@ class AdaptivePlanner:
             self._pending = accepted, [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted)
         else:
             self._pending = accepted, [1.0] * accepted + self._acceptance[accepted:]
-        paid = (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, self._block, verified)
-        if self._probing and paid:  # the draft may be right again: decide at once, by the last rounds
+        if self._probing and (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, b, verified):
+            # the probe paid: the draft may be right again; decide at once, by the last rounds
             self.plain_left, self.probe_gap = 0, 2

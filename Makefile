@@ -1,10 +1,11 @@
-# Two targets a user needs: `make repro` (set up, then run the pipeline) and `make test`.
+# Two targets a user needs: `make repro` (set up, then run the pipeline) and `make test`;
+# `make runner` builds the C++ runner (runner/build/dflash_runner; needs cmake and a C++17 compiler).
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup repro test
+.PHONY: setup repro test runner
 setup: $(VENV)/.installed
 
 # Test oracles (z-lab's `dflash` reference) live outside the runtime environment, in their own
@@ -15,6 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -qq -e '.[test]'
 	$(BIN)/pip install -qq --no-deps --target $(VENV)/oracles dflash==0.1.0
 	touch $@
+
+runner: setup
+	python -m dflash_et.runtime.cpp_runner
 
 repro: setup
 	dvc repro

@@ -10,6 +10,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from dflash_et.runtime.adaptive import AUTO
+from dflash_et.runtime.cpp_runner import RUNNERS, CppEngine
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 from dflash_et.errors import UserError
@@ -29,9 +30,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", type=Path, default=None,
                    help="directory with the target's tokenizer files (default: the programs directory)")
     g.add_argument("--ar", action="store_true", help="plain autoregressive decoding with target.pte (the baseline)")
-    g.add_argument("--block-size", type=block_size, default=AUTO,
+    g.add_argument("--block-size", type=block_size, default=None,
                    help="DFlash block: last token + proposals, or auto: chosen each round from this device's "
-                        "cost curve and the draft's confidence (default: %(default)s)")
+                        "cost curve and the draft's confidence (default: auto; with --runner cpp, the largest "
+                        "block draft.pte takes)")
+    g.add_argument("--runner", choices=RUNNERS, default="python",
+                   help="python: the engine over executorch.runtime; cpp: the C++ runner (`make runner`), "
+                        "greedy at fixed blocks, text printed when the reply is done (default: %(default)s)")
     g.add_argument("--cost-curve", type=Path, default=None,
                    help="with --block-size auto: this device's cost curve for these programs, as the bench "
                         "stage writes it (reports/cost_curve.json) (default: measured at load, one sweep: seconds "
@@ -83,8 +88,15 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
-    engine = Engine(args.programs, args.cost_curve)
-    settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
+    if args.runner == "cpp":
+        if args.sample or not Sampling(**flags).greedy or args.block_size == AUTO or args.cost_curve:
+            raise UserError("the C++ runner decodes greedily at fixed blocks: drop the sampling options, "
+                            "--block-size auto and --cost-curve, or use --runner python")
+        engine, settings = CppEngine(args.programs), Sampling(**flags)
+    else:
+        args.block_size = args.block_size or AUTO
+        engine = Engine(args.programs, args.cost_curve)
+        settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
     if args.block_size == AUTO and not args.ar and settings.greedy:  # sampled, auto keeps the largest block
         engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     if args.sample and settings.greedy:
@@ -98,7 +110,7 @@ def generate(args: argparse.Namespace) -> None:
         complete(args, engine, Sampler(replace(settings, seed=settings.seed + i)), tok, prompt)
 
 
-def complete(args: argparse.Namespace, engine: Engine, sampler: Sampler, tok: PreTrainedTokenizerBase,
+def complete(args: argparse.Namespace, engine: Engine | CppEngine, sampler: Sampler, tok: PreTrainedTokenizerBase,
              prompt: list[int]) -> None:
     """One completion, streamed as text (or printed as one JSON line)."""
     emitted: list[int] = []

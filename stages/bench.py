@@ -27,8 +27,9 @@ def main(argv: list[str]) -> None:
           f"({metrics['dflash_tokens_per_s']:.1f} vs {metrics['ar_tokens_per_s']:.1f} tokens/s), per round: draft "
           f"{metrics['draft_ms_per_round']:.2f} ms, verify {metrics['verify_ms_per_round']:.2f} ms, host "
           f"{metrics['host_ms_per_round']:.2f} ms; {exact}")
-    print(f"[bench] speedup by block: {blocks}; auto {metrics['speedup_auto']:.2f}x (tau {metrics['tau_auto']:.2f}, "
-          f"{metrics['mean_verify_tokens_auto']:.1f} tokens per target call)")
+    auto = (f"; auto {metrics['speedup_auto']:.2f}x (tau {metrics['tau_auto']:.2f}, "
+            f"{metrics['mean_verify_tokens_auto']:.1f} tokens per target call)") if "speedup_auto" in metrics else ""
+    print(f"[bench] {metrics['runner']} runner, speedup by block: {blocks}{auto}")
     if metrics.get("block_sizes_skipped"):
         print(f"[bench] not measured: blocks {metrics['block_sizes_skipped']}, larger than the programs take "
               "(the draft's trained block unless export.max_block_size says otherwise)")

@@ -214,3 +214,33 @@ def shared_programs(trained_pair, tmp_path_factory) -> Path:
     """The same with export.shared_weights: both .pte files read one shared.ptd."""
     return built_once(tmp_path_factory, "shared", lambda out: build_programs(trained_pair, out, shared_weights=True)) \
         / "programs"
+
+
+@pytest.fixture(scope="session")
+def quantized_shared_programs(trained_pair, tmp_path_factory) -> Path:
+    """8da4w programs of the trained pair with export.shared_weights (one shared.ptd)."""
+    return built_once(tmp_path_factory, "8da4w-shared",
+                      lambda out: build_programs(trained_pair, out, quantize="8da4w", shared_weights=True)) / "programs"
+
+
+@pytest.fixture(scope="session")
+def mixed_programs(programs, trained_pair, tmp_path_factory) -> Path:
+    """`programs`' target.pte beside a draft.pte exported for another target (the same target, other layers)."""
+    import json
+    import shutil
+
+    from dflash_et.export.lower import ExportConfig, export_program
+
+    def build(out: Path) -> None:
+        shutil.copytree(programs, out / "programs")
+        (out / "programs" / "draft.pte").unlink()
+        draft_dir = out / "draft"
+        shutil.copytree(trained_pair[1], draft_dir)
+        config = json.loads((draft_dir / "config.json").read_text())
+        config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
+        (draft_dir / "config.json").write_text(json.dumps(config))
+        (draft_dir / "train_draft.json").unlink()
+        export_program("draft", trained_pair[0], draft_dir, ExportConfig(max_seq_len=MAX_SEQ_LEN,
+                                                                          prefill_chunk=PREFILL_CHUNK), out / "programs")
+
+    return built_once(tmp_path_factory, "mixed", build) / "programs"

@@ -127,21 +127,10 @@ def test_validate_refuses_programs_of_another_checkpoint(programs, trained_pair,
         validate(programs, other, trained_pair[1], ValidateConfig(prompts=1))
 
 
-def test_programs_of_different_pairs_are_refused(programs, trained_pair, tmp_path):
+def test_programs_of_different_pairs_are_refused(mixed_programs):
     """A draft exported for another target (here: the same target, other layers) does not load with it."""
-    mixed = tmp_path / "mixed"
-    mixed.mkdir()
-    shutil.copy(programs / "target.pte", mixed / "target.pte")
-    draft_dir = tmp_path / "draft"
-    shutil.copytree(trained_pair[1], draft_dir)
-    config = json.loads((draft_dir / "config.json").read_text())
-    config["dflash_config"]["target_layer_ids"] = [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
-    (draft_dir / "config.json").write_text(json.dumps(config))
-    (draft_dir / "train_draft.json").unlink()
-    export_program("draft", trained_pair[0], draft_dir, ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK),
-                   mixed)
     with pytest.raises(ProgramError, match="draft.pte was exported for another target than"):
-        load_programs(mixed)
+        load_programs(mixed_programs)
 
 
 def test_shared_weights(shared_programs, programs, trained_pair):

@@ -136,9 +136,9 @@ def test_half_precision_programs(trained_pair, tmp_path):
         assert (logits.float() - ref).abs().max() / ref.abs().max() < 0.05
 
 
-def test_quantized_shared_weights_programs(trained_pair, tmp_path):
+def test_quantized_shared_weights_programs(trained_pair, quantized_shared_programs):
     """8da4w with export.shared_weights: the quantized head is stored once and both programs track eager."""
-    programs = build_programs(trained_pair, tmp_path, quantize="8da4w", shared_weights=True)
+    programs = quantized_shared_programs
     summary = json.loads((programs / "export.json").read_text())
     assert summary["shared_weights"]["bytes_saved"] > 0
     assert summary["shared_weights"]["tensors"] >= 3  # the embedding, and the head's int4 data and its scales

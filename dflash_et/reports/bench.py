@@ -16,6 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dflash_et.runtime.adaptive import AUTO, CostCurve
+from dflash_et.runtime.cpp_runner import RUNNERS, CppEngine, build_runner
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.generate import Generation, pooled_tau
 from dflash_et.runtime.programs import missing_backend
@@ -40,6 +41,7 @@ class BenchConfig:
     top_k: int | None = None
     proposals: str = "argmax"   # argmax | sample (temperature > 0)
     seed: int = 0
+    runner: str = "python"      # python | cpp: the host loop that decodes (cpp: greedy, fixed blocks)
 
     def sampling(self) -> Sampling | None:
         """The explicit sampling settings (checked), or None for the programs' recommended ones."""
@@ -79,6 +81,12 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     Programs this host cannot run (MLX ones anywhere but Apple silicon) give metrics that say `skipped`
     and why, and plots with no rows, so the pipeline goes on and bench runs where they can."""
     settings = config.sampling()  # first: bad settings or prompt source fail before any load
+    if config.runner not in RUNNERS:
+        raise ValueError(f"bench.runner must be one of {', '.join(RUNNERS)}, got {config.runner!r}")
+    cpp = config.runner == "cpp"
+    if cpp and (block_size == AUTO or settings is None or not settings.greedy):
+        raise ValueError("bench.runner cpp decodes greedily at fixed blocks (auto's planner and sampling are in the "
+                         "Python engine): set block_size to a number and bench.temperature to 0, or bench.runner python")
     if any(b < 2 for b in config.block_sizes):
         raise ValueError(f"bench.block_sizes must all be at least 2 (one anchor + one proposal), got {list(config.block_sizes)}")
     rows = load_prompts(config.prompts, config.num_prompts)
@@ -91,8 +99,9 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     headline = str(engine.check_block_size(block_size))
     settings = settings or engine.recommended(proposals=config.proposals, seed=config.seed)
     fixed, too_large = _blocks(config, block_size, engine.max_block_size)
-    modes = {str(b): b for b in fixed} | {AUTO: AUTO}
-    curve = engine.cost_curve(config.latency_repeats)
+    modes = {str(b): b for b in fixed} | ({} if cpp else {AUTO: AUTO})
+    curve = None if cpp else engine.cost_curve(config.latency_repeats)  # auto's input
+    decoder = CppEngine(programs_dir, build_runner()) if cpp else engine
 
     def sampler(run: int) -> Sampler:
         return Sampler(replace(settings, seed=settings.seed + run))
@@ -100,9 +109,9 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     tok = tokenizer(programs_dir)
     encoded = [encode_chat(tok, r["prompt"]) for r in rows]
     for ids in encoded[:config.warmup]:
-        engine.ar(ids, config.max_new_tokens, sampler=sampler(-1))
+        decoder.ar(ids, config.max_new_tokens, sampler=sampler(-1))
         for block in modes.values():
-            engine.dflash(ids, config.max_new_tokens, block, sampler=sampler(-1))
+            decoder.dflash(ids, config.max_new_tokens, block, sampler=sampler(-1))
 
     # runs[mode][repeat][category]: the generations of each mode, "ar" being plain decoding
     runs = {mode: [defaultdict(list) for _ in range(config.repeats)] for mode in ["ar", *modes]}
@@ -110,10 +119,10 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     for repeat in tqdm(range(config.repeats), desc="bench repeats", disable=config.repeats == 1):
         for i, (row, ids) in enumerate(tqdm(list(zip(rows, encoded)), desc=f"bench ({len(runs)} modes)")):
             run = repeat * len(rows) + i
-            ar = engine.ar(ids, config.max_new_tokens, sampler=sampler(run))
+            ar = decoder.ar(ids, config.max_new_tokens, sampler=sampler(run))
             runs["ar"][repeat][row["category"]].append(ar)
             for mode, block in modes.items():
-                out = engine.dflash(ids, config.max_new_tokens, block, sampler=sampler(run))
+                out = decoder.dflash(ids, config.max_new_tokens, block, sampler=sampler(run))
                 lossless &= out.tokens == ar.tokens or not settings.greedy
                 runs[mode][repeat][row["category"]].append(out)
 
@@ -150,9 +159,9 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     histogram = Counter(r.accepted for r in drafted)
     ar_tps, df_tps = _throughput(pooled("ar")), _throughput(main_runs)
     ar_rounds = [r for g in pooled("ar") for r in g.rounds]
-    start = curve.positions[0]
     metrics = {
         "block_size": block_size,
+        "runner": config.runner,
         "sampling": settings.settings(),
         "tau": pooled_tau(main_runs),
         "speedup": df_tps / ar_tps if ar_tps else 0.0,
@@ -162,7 +171,6 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         "verify_ms_per_round": _ms([r.verify_s for r in rounds]),
         "host_ms_per_round": _ms([r.host_s for r in rounds]),
         "ar_ms_per_token": _ms([r.total_s for r in ar_rounds]),
-        "verify_cost_ratio": curve.target(engine.max_block_size, start) / curve.target(1, start),
         **({"lossless": lossless} if settings.greedy else {}),
         "prompts": len(rows), "repeats": config.repeats, "rounds": len(rounds),
         "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(engine.max_block_size)},
@@ -170,27 +178,33 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         "speedup_by_category": {c: speedup(headline, c) for c in categories},
         "speedup_by_block": {str(b): speedup(str(b)) for b in fixed},
         "tau_by_block": {str(b): pooled_tau(pooled(str(b))) for b in fixed},
-        "speedup_auto": speedup(AUTO),
-        "tau_auto": pooled_tau(pooled(AUTO)),
-        "mean_verify_tokens_auto": mean_verify_tokens(),
         "speedup_by_block_by_category": {c: {str(b): speedup(str(b), c) for b in fixed} for c in categories},
-        "speedup_auto_by_category": {c: speedup(AUTO, c) for c in categories},
-        "tau_auto_by_category": {c: pooled_tau(pooled(AUTO, c)) for c in categories},
-        "mean_verify_tokens_auto_by_category": {c: mean_verify_tokens(c) for c in categories},
-        "auto_rounds_by_category": {c: choices(c) for c in categories},
         "speedup_range_over_repeats": {mode: spread(mode) for mode in modes},
         "speedup_range_over_repeats_by_category": {c: {mode: spread(mode, c) for mode in modes} for c in categories},
         **({"block_sizes_skipped": too_large} if too_large else {}),
     }
-    end = curve.positions[-1]
+    if curve:  # auto ran (the Python runner)
+        start, end = curve.positions[0], curve.positions[-1]
+        metrics |= {
+            "verify_cost_ratio": curve.target(engine.max_block_size, start) / curve.target(1, start),
+            "speedup_auto": speedup(AUTO),
+            "tau_auto": pooled_tau(pooled(AUTO)),
+            "mean_verify_tokens_auto": mean_verify_tokens(),
+            "speedup_auto_by_category": {c: speedup(AUTO, c) for c in categories},
+            "tau_auto_by_category": {c: pooled_tau(pooled(AUTO, c)) for c in categories},
+            "mean_verify_tokens_auto_by_category": {c: mean_verify_tokens(c) for c in categories},
+            "auto_rounds_by_category": {c: choices(c) for c in categories},
+        }
     plots = {
         "acceptance": [{"accepted": k, "rounds": histogram.get(k, 0)} for k in range(engine.max_block_size)],
         "speedup_by_block": [{"block": mode, "speedup": speedup(mode)} for mode in modes],
         "cost_curve": [{"tokens": t, "target_ms_start": curve.target(t, start),
                         "draft_ms_start": curve.draft(t, start) if t > 1 else 0.0,
                         "target_ms_end": curve.target(t, end), "draft_ms_end": curve.draft(t, end) if t > 1 else 0.0}
-                       for t in range(1, engine.max_block_size + 1)],
+                       for t in range(1, engine.max_block_size + 1)] if curve else [],
         "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": _throughput(pooled(mode, c))}
                          for c in categories for mode in runs],
     }
+    if cpp:
+        decoder.close()
     return metrics, plots, curve

@@ -59,6 +59,10 @@ class Program:
         self.path = pte
         try:
             self.program = Runtime.get().load_program(pte, data_path=ptd)
+        except RuntimeError as e:
+            raise ProgramError(f"{pte} is not a readable ExecuTorch program ({e}): truncated or corrupt; rebuild "
+                               "it (dvc repro) or pull it again (dvc pull)") from None
+        try:
             self._forward = self.program.load_method("forward")
         except RuntimeError as e:
             hint = " (it needs its .ptd weights file)" if ptd is None else ""

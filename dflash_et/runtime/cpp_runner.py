@@ -1,0 +1,155 @@
+"""The C++ runner (`runner/`, `dflash_runner`) behind the engine's interface: the same decoding loop,
+with no Python between the program calls.
+
+`build_runner` configures and builds it against this environment's executorch wheel (what `make runner`
+runs); `CppEngine` keeps one `dflash_runner --serve` process per programs directory, so that the
+programs load once and their caches stay warm across generations, as in the Python engine. The runner
+decodes greedily at fixed blocks: auto's planner and sampling stay in the Python engine.
+"""
+
+import ctypes
+import json
+import math
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from dflash_et.errors import ProgramError, UserError
+from dflash_et.runtime.adaptive import AUTO
+from dflash_et.runtime.generate import Generation, OnTokens, Round
+from dflash_et.runtime.sampling import Sampler
+
+RUNNERS = ("python", "cpp")  # the host loops: dflash_et.runtime (engine.py) and dflash_runner (this module)
+SOURCES = Path(__file__).resolve().parents[2] / "runner"
+BUILD = SOURCES / "build"
+
+
+def build_runner(build_dir: Path = BUILD) -> Path:
+    """Build (or bring up to date) dflash_runner in `build_dir`; its path. Needs cmake >= 3.19 and a C++17
+    compiler; the ExecuTorch headers and libraries come from the installed executorch wheel."""
+    import executorch
+
+    if not (SOURCES / "CMakeLists.txt").is_file():
+        raise UserError(f"the runner's sources are not in {SOURCES}; build it from a clone of dflash-et")
+    if shutil.which("cmake") is None:
+        raise UserError("cmake is not installed; the C++ runner needs cmake >= 3.19 and a C++17 compiler "
+                        "(Debian: apt install cmake g++)")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists() else []
+    log = build_dir / "build.log"
+    with log.open("w") as out:
+        for command in (["cmake", "-S", str(SOURCES), "-B", str(build_dir), *generator,
+                         f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}"],
+                        ["cmake", "--build", str(build_dir)]):
+            if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
+                raise UserError(f"building the C++ runner failed (`{' '.join(command[:2])}`); its output is in {log}")
+    return build_dir / "dflash_runner"
+
+
+class CppEngine:
+    """`ar` and `dflash` of `Engine`, run by dflash_runner over the programs in `programs_dir`."""
+
+    def __init__(self, programs_dir: Path, binary: Path = BUILD / "dflash_runner"):
+        if not binary.is_file():
+            raise UserError(f"the C++ runner is not built ({binary} is missing); run `make runner`")
+        self._log = tempfile.TemporaryFile("w+")  # the runtime's log lines; read when something fails
+        self._process = subprocess.Popen([str(binary), "--programs", str(programs_dir), "--serve"], text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        ready = self._process.stdout.readline()
+        if not ready:
+            raise ProgramError(self._failure())
+        meta = json.loads(ready)
+        self.max_seq_len, self.max_block_size = meta["max_seq_len"], meta["max_block_size"]
+        self.load_rss_kb = meta["peak_rss_kb"]  # peak resident memory once both programs are loaded
+
+    def _failure(self) -> str:
+        """The runner's own one-line error, from its stderr."""
+        self._process.wait()
+        self._log.seek(0)
+        errors = [line for line in self._log.read().splitlines() if line.startswith("error: ")]
+        return errors[-1].removeprefix("error: ") if errors else f"dflash_runner exited with status {self._process.returncode}"
+
+    def _request(self, line: str, on_tokens: OnTokens) -> Generation:
+        self._process.stdin.write(line + "\n")
+        self._process.stdin.flush()
+        reply = self._process.stdout.readline()
+        if not reply:
+            raise ProgramError(self._failure())
+        out = json.loads(reply)
+        if "error" in out:
+            raise UserError(out["error"])
+        self.peak_rss_kb = out["peak_rss_kb"]
+        on_tokens and on_tokens(out["tokens"])  # all at once: the runner replies when the generation is done
+        return Generation(out["tokens"], out["prefill_s"], [Round(**r) for r in out["rounds"]])
+
+    @staticmethod
+    def _greedy(sampler: Sampler | None) -> None:
+        if sampler and not sampler.sampling.greedy:
+            raise UserError("the C++ runner decodes greedily; sample with the Python runner (--runner python)")
+
+    def ar(self, prompt: list[int], max_new_tokens: int, on_tokens: OnTokens = None,
+           sampler: Sampler | None = None) -> Generation:
+        """Plain greedy decoding with target.pte alone."""
+        self._greedy(sampler)
+        return self._request(f"ar {max_new_tokens} {','.join(map(str, prompt))}", on_tokens)
+
+    def dflash(self, prompt: list[int], max_new_tokens: int, block_size: int | str | None = None,
+               on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
+        """Greedy DFlash at a fixed block (default: the largest draft.pte takes)."""
+        self._greedy(sampler)
+        if block_size == AUTO:
+            raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine); "
+                            "give a block size, or use --runner python")
+        block = int(block_size or self.max_block_size)
+        return self._request(f"dflash {block} {max_new_tokens} {','.join(map(str, prompt))}", on_tokens)
+
+    def close(self) -> None:
+        self._process.stdin.close()
+        self._process.wait()
+        self._log.close()
+
+    def __enter__(self) -> "CppEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LlamaKernels:
+    """The runner's kernels of llama::update_cache and llama::custom_sdpa (libdflash_llama_ops.so, built
+    beside it) on contiguous torch tensors: to check them against ExecuTorch's own ops and to time them."""
+
+    DTYPES = {torch.float32: 6, torch.bfloat16: 15}  # ExecuTorch ScalarType codes
+
+    def __init__(self, library: Path = BUILD / "libdflash_llama_ops.so"):
+        self.lib = ctypes.CDLL(str(library))
+        sizes, pointer = ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p
+        self.lib.dflash_update_cache.argtypes = [pointer, sizes, pointer, sizes, ctypes.c_int64, ctypes.c_int]
+        self.lib.dflash_custom_sdpa.argtypes = [pointer, sizes, pointer, pointer, sizes, ctypes.c_int64, ctypes.c_int,
+                                                ctypes.c_double, pointer, ctypes.c_int]
+
+    @staticmethod
+    def _sizes(t: torch.Tensor):
+        return (ctypes.c_int64 * 4)(*t.shape)
+
+    def update_cache(self, value: torch.Tensor, cache: torch.Tensor, start: int) -> int:
+        """Writes value [B,S,H,D] into cache [B,S_max,H,D] at start; 0, or the kernel's error code."""
+        return self.lib.dflash_update_cache(value.data_ptr(), self._sizes(value), cache.data_ptr(), self._sizes(cache),
+                                            start, self.DTYPES[value.dtype])
+
+    def custom_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, causal: bool,
+                    scale: float | None) -> torch.Tensor:
+        out = torch.full_like(q, float("nan"))
+        error = self.lib.dflash_custom_sdpa(q.data_ptr(), self._sizes(q), k.data_ptr(), v.data_ptr(), self._sizes(k),
+                                            start, int(causal), math.nan if scale is None else scale, out.data_ptr(),
+                                            self.DTYPES[q.dtype])
+        if error:
+            raise RuntimeError(f"llama::custom_sdpa failed with error {error:#x}")
+        return out
+
+
+if __name__ == "__main__":  # `make runner`
+    print(build_runner())

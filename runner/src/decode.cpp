@@ -1,0 +1,186 @@
+#include "decode.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include <executorch/extension/tensor/tensor_ptr_maker.h>
+
+namespace dflash {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::extension::from_blob;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool exists(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0;
+}
+
+// Row-wise argmax of [rows, vocab] floats, the first index on ties (as numpy and torch).
+std::vector<int64_t> argmax(const float* logits, int64_t rows, int64_t vocab) {
+  std::vector<int64_t> out(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * vocab;
+    out[r] = std::max_element(row, row + vocab) - row;
+  }
+  return out;
+}
+
+std::vector<int64_t> positions(int64_t start, int64_t length) {
+  std::vector<int64_t> out(length);
+  std::iota(out.begin(), out.end(), start);
+  return out;
+}
+
+}  // namespace
+
+Pair::Pair(const std::string& dir) {
+  const std::string ptd = dir + "/shared.ptd";
+  if (exists(ptd)) weights_ = std::make_unique<SharedWeights>(ptd);
+  target_ = std::make_unique<Pte>(dir + "/target.pte", weights_.get());
+  draft_ = std::make_unique<Pte>(dir + "/draft.pte", weights_.get());
+  if (draft_->integer("target_checkpoint_id") != target_->integer("checkpoint_id") ||
+      draft_->integers("target_layer_ids") != target_->integers("target_layer_ids")) {
+    throw UserError(draft_->path() + " was exported for another target than " + target_->path() +
+                    "; export both from the same pair");
+  }
+  std::vector<int64_t> eos = target_->integers("eos_ids");
+  limits_ = {target_->integer("max_seq_len"), target_->integer("max_chunk"), draft_->integer("mask_token_id"),
+             draft_->integer("max_block_size"), target_->integer("vocab_size"), {eos.begin(), eos.end()}};
+}
+
+void Pair::check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const {
+  if (prompt.empty()) throw UserError("the prompt is empty; give at least one token");
+  if (static_cast<int64_t>(prompt.size()) > limits_.max_seq_len) {
+    throw UserError("the prompt has " + std::to_string(prompt.size()) + " tokens but max_seq_len is " +
+                    std::to_string(limits_.max_seq_len) +
+                    "; shorten the prompt or export with a larger export.max_seq_len");
+  }
+  if (max_new_tokens < 1) throw UserError("max_new_tokens must be at least 1, got " + std::to_string(max_new_tokens));
+  for (int64_t t : prompt) {
+    if (t < 0 || t >= limits_.vocab_size) {
+      throw UserError("prompt token " + std::to_string(t) + " is outside the vocabulary (0.." +
+                      std::to_string(limits_.vocab_size - 1) + ")");
+    }
+  }
+}
+
+void Pair::target(std::vector<int64_t> tokens, int64_t pos) {
+  std::vector<int64_t> at = positions(pos, tokens.size());
+  const auto n = static_cast<int32_t>(tokens.size());
+  target_->forward({*from_blob(tokens.data(), {1, n}, ScalarType::Long), *from_blob(at.data(), {n}, ScalarType::Long)});
+}
+
+std::vector<int64_t> Pair::target_argmax() const {
+  const auto& logits = target_->output(0);
+  return argmax(logits.const_data_ptr<float>(), logits.size(1), logits.size(2));
+}
+
+void Pair::keep_taps(std::vector<float>& taps, int64_t rows) {
+  const auto& hidden = target_->output(1);
+  taps_width_ = hidden.size(2);
+  const float* h = hidden.const_data_ptr<float>();
+  taps.insert(taps.end(), h, h + rows * taps_width_);
+}
+
+int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds) {
+  const double t0 = now();
+  for (size_t i = 0; i < prompt.size(); i += limits_.chunk) {
+    const size_t end = std::min(prompt.size(), i + limits_.chunk);
+    target({prompt.begin() + i, prompt.begin() + end}, i);
+    keep_taps(taps, end - i);
+  }
+  const int64_t first = target_argmax().back();
+  seconds = now() - t0;
+  return first;
+}
+
+Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens) {
+  check(prompt, max_new_tokens);
+  Generation out;
+  std::vector<float> taps;
+  out.tokens.push_back(prefill(prompt, taps, out.prefill_s));
+  int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
+  while (static_cast<int64_t>(out.tokens.size()) < max_new_tokens && !limits_.eos_ids.count(out.tokens.back()) &&
+         pos < limits_.max_seq_len) {
+    const double t0 = now();
+    target({out.tokens.back()}, pos);
+    const double t1 = now();
+    out.tokens.push_back(target_argmax()[0]);
+    ++pos;
+    out.rounds.push_back({0, 0, 1, 0.0, t1 - t0, now() - t0, 0});
+  }
+  return out;
+}
+
+Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block) {
+  check(prompt, max_new_tokens);
+  if (block < 2 || block > limits_.max_block) {
+    throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
+                    ", the blocks " + draft_->path() + " was exported for; give at most " +
+                    std::to_string(limits_.max_block));
+  }
+  Generation out;
+  std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
+  int64_t unseen_start = 0;
+  out.tokens.push_back(prefill(prompt, unseen, out.prefill_s));
+  int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
+  bool done = limits_.eos_ids.count(out.tokens.back()) > 0;
+  std::vector<int64_t> block_ids, context;
+  while (!done) {
+    const int64_t room = std::min({block, max_new_tokens - static_cast<int64_t>(out.tokens.size()),
+                                   limits_.max_seq_len - pos});
+    if (room < 1) break;
+    const double t0 = now();
+    const int64_t last = out.tokens.back();
+    std::vector<int64_t> proposals;
+    double draft_s = 0;
+    if (room >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
+      block_ids.assign(room, limits_.mask_token_id);
+      block_ids[0] = last;
+      const auto n = static_cast<int32_t>(unseen.size() / taps_width_);
+      context = positions(unseen_start, n);
+      const double t1 = now();
+      draft_->forward({*from_blob(block_ids.data(), {1, static_cast<int32_t>(room)}, ScalarType::Long),
+                       *from_blob(unseen.data(), {1, n, static_cast<int32_t>(taps_width_)}, ScalarType::Float),
+                       *from_blob(context.data(), {n}, ScalarType::Long)});
+      draft_s = now() - t1;
+      const auto& logits = draft_->output(0);
+      proposals = argmax(logits.const_data_ptr<float>(), room - 1, logits.size(2));
+      unseen.clear();
+      unseen_start = pos;
+    }
+    std::vector<int64_t> tokens{last};
+    tokens.insert(tokens.end(), proposals.begin(), proposals.end());
+    const double t1 = now();
+    target(tokens, pos);
+    const double verify_s = now() - t1;
+    const std::vector<int64_t> verified = target_argmax();
+    int64_t accepted = 0;
+    while (accepted < static_cast<int64_t>(proposals.size()) && proposals[accepted] == verified[accepted]) ++accepted;
+    std::vector<int64_t> emitted(proposals.begin(), proposals.begin() + accepted);
+    emitted.push_back(verified[accepted]);
+    for (size_t i = 0; i < emitted.size(); ++i) {
+      if (limits_.eos_ids.count(emitted[i])) {
+        emitted.resize(i + 1);
+        done = true;
+        break;
+      }
+    }
+    out.tokens.insert(out.tokens.end(), emitted.begin(), emitted.end());
+    keep_taps(unseen, accepted + 1);  // of `last` and the accepted proposals
+    pos += accepted + 1;
+    out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),
+                          draft_s, verify_s, now() - t0, room - 1});
+  }
+  return out;
+}
+
+}  // namespace dflash

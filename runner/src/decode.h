@@ -1,0 +1,61 @@
+// Plain and DFlash greedy decoding over the two programs: the Python engine's loops
+// (dflash_et/runtime/generate.py), round for round, so that both emit the same tokens.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "programs.h"
+
+namespace dflash {
+
+// Everything a runner needs to know, read from the programs' constant methods.
+struct Limits {
+  int64_t max_seq_len, chunk, mask_token_id, max_block, vocab_size;
+  std::set<int64_t> eos_ids;
+};
+
+// One decode step: a DFlash round, or one plain token (proposed = 0); times in seconds.
+struct Round {
+  int64_t proposed, accepted, emitted;
+  double draft_s, verify_s, total_s;
+  int64_t drafted;
+};
+
+struct Generation {
+  std::vector<int64_t> tokens;
+  double prefill_s = 0;
+  std::vector<Round> rounds;
+};
+
+// target.pte and draft.pte, checked to be a pair, with the limits they carry.
+class Pair {
+ public:
+  Pair(const std::string& programs_dir);
+  const Limits& limits() const { return limits_; }
+
+  // Plain greedy decoding: one target call per token.
+  Generation ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens);
+  // Greedy DFlash with blocks of `block` (last token + proposals), clamped at the ends as the Python engine does.
+  Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block);
+
+ private:
+  void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
+  // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`.
+  int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds);
+  // The target on `tokens` at positions pos..; its outputs stay readable until the next call.
+  void target(std::vector<int64_t> tokens, int64_t pos);
+  // The argmax of each row of the last target call's logits.
+  std::vector<int64_t> target_argmax() const;
+  // Appends the first `rows` rows of the last target call's taps to `taps`.
+  void keep_taps(std::vector<float>& taps, int64_t rows);
+
+  std::unique_ptr<SharedWeights> weights_;
+  std::unique_ptr<Pte> target_, draft_;
+  Limits limits_;
+  int64_t taps_width_ = 0;  // k * hidden: the width of one position's taps
+};
+
+}  // namespace dflash

@@ -1,0 +1,185 @@
+// Kernels of llama::update_cache.out and llama::custom_sdpa.out (see llama_ops.h).
+//
+// Semantics, as ExecuTorch's own kernels (extension/llm/custom_ops) define them:
+// - update_cache(value [B,S,H,D], cache [B,S_max,H,D], start_pos): cache[:, start_pos:start_pos+S] = value.
+// - custom_sdpa(q [B,Sq,Hq,D], k, v [B,S_max,Hkv,D], start_pos, is_causal, scale): attention of each query
+//   over the keys [0, start_pos + Sq) (causal: query m over [0, start_pos + m]); query head h reads kv head
+//   h / (Hq / Hkv) (grouped-query attention); scale defaults to 1/sqrt(D). Rollback needs nothing here:
+//   keys past start_pos + Sq are never read, so a later call overwrites rejected positions.
+#include "llama_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/kernel/kernel_includes.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+#include <executorch/runtime/kernel/thread_parallel_interface.h>
+
+namespace dflash {
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::KernelRuntimeContext;
+using executorch::runtime::Span;
+
+// Reports a kernel failure: the runtime logs `why` and stops the program's execution with `error`.
+bool check(KernelRuntimeContext& ctx, bool ok, const char* op, const char* why) {
+  if (!ok) {
+    ET_LOG(Error, "%s: %s", op, why);
+    ctx.fail(Error::InvalidArgument);
+  }
+  return ok;
+}
+
+void update_cache(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  // stack: value, cache, start_pos, out (unused placeholder), return slot
+  const char* op = "llama::update_cache.out";
+  const Tensor& value = stack[0]->toTensor();
+  Tensor& cache = stack[1]->toTensor();
+  const int64_t start = stack[2]->toInt();
+  if (!check(ctx, value.dim() == 4 && cache.dim() == 4, op, "value and cache must be [B, S, H, D]") ||
+      !check(ctx, value.scalar_type() == cache.scalar_type(), op, "value and cache differ in dtype") ||
+      !check(ctx, value.size(0) == cache.size(0) && value.size(2) == cache.size(2) && value.size(3) == cache.size(3),
+             op, "value and cache differ in batch, heads or head size") ||
+      !check(ctx, start >= 0 && start + value.size(1) <= cache.size(1), op, "writes past the cache's end") ||
+      !check(ctx, executorch::runtime::tensor_is_contiguous(value) && executorch::runtime::tensor_is_contiguous(cache),
+             op, "value and cache must be contiguous")) {
+    return;
+  }
+  const size_t row = value.size(2) * value.size(3) * value.element_size();  // one position, all heads
+  const auto* src = static_cast<const char*>(value.const_data_ptr());
+  auto* dst = static_cast<char*>(cache.mutable_data_ptr());
+  for (int64_t b = 0; b < value.size(0); ++b) {
+    std::memcpy(dst + (b * cache.size(1) + start) * row, src + b * value.size(1) * row, value.size(1) * row);
+  }
+}
+
+constexpr int64_t kKeyBlock = 64;  // keys per tile: their K tile (64 x head_dim floats) stays in L1
+constexpr int64_t kRowBlock = 16;  // query rows (of one kv head's group) per task
+
+// Attention of `rows` query rows [first, first + rows) of kv head `kv`'s group in batch `b`, in float
+// whatever the tensors' dtype. Row r of the group is query m = r / group of head kv * group + r % group,
+// so each K and V row is read once for every query head that shares it. Scores are tiled: a tile of K
+// is transposed so that the inner loop runs over keys, which the compiler vectorizes without horizontal sums.
+template <typename T>
+void attend(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int64_t start, bool causal, float scale,
+            int64_t b, int64_t kv, int64_t first, int64_t rows) {
+  const int64_t sq = q.size(1), hq = q.size(2), d = q.size(3), s_max = k.size(1), hkv = k.size(2);
+  const int64_t group = hq / hkv, keys = start + sq;
+  const T* kp = k.const_data_ptr<T>() + (b * s_max * hkv + kv) * d;  // key j at kp + j * hkv * d
+  const T* vp = v.const_data_ptr<T>() + (b * s_max * hkv + kv) * d;
+  std::vector<float> query(rows * d), scores(rows * keys), tile(d * kKeyBlock, 0.f), acc(d);
+  std::vector<int64_t> seen(rows), offset(rows);  // keys each row attends to; where it lives in q and out
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t m = (first + r) / group, h = kv * group + (first + r) % group;
+    seen[r] = causal ? start + m + 1 : keys;
+    offset[r] = ((b * sq + m) * hq + h) * d;
+    const T* qrow = q.const_data_ptr<T>() + offset[r];
+    for (int64_t i = 0; i < d; ++i) query[r * d + i] = static_cast<float>(qrow[i]) * scale;
+  }
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, keys - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < d; ++i) tile[i * kKeyBlock + j] = static_cast<float>(kp[(j0 + j) * hkv * d + i]);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      if (j0 >= seen[r]) continue;
+      float dots[kKeyBlock] = {};
+      for (int64_t i = 0; i < d; ++i) {
+        const float qi = query[r * d + i];
+        const float* t = &tile[i * kKeyBlock];
+#pragma omp simd
+        for (int64_t j = 0; j < kKeyBlock; ++j) dots[j] += qi * t[j];
+      }
+      std::copy(dots, dots + n, &scores[r * keys + j0]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = &scores[r * keys];
+    const float best = *std::max_element(row, row + seen[r]);
+    float total = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t j = 0; j < seen[r]; ++j) {
+      const float p = std::exp(row[j] - best);
+      total += p;
+      const T* vrow = vp + j * hkv * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) acc[i] += p * static_cast<float>(vrow[i]);
+    }
+    T* orow = out.mutable_data_ptr<T>() + offset[r];
+    for (int64_t i = 0; i < d; ++i) orow[i] = static_cast<T>(acc[i] / total);
+  }
+}
+
+void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  // stack: q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out, return slot
+  const char* op = "llama::custom_sdpa.out";
+  const Tensor& q = stack[0]->toTensor();
+  const Tensor& k = stack[1]->toTensor();
+  const Tensor& v = stack[2]->toTensor();
+  const int64_t start = stack[3]->toInt();
+  const bool causal = stack[6]->toBool();
+  Tensor& out = stack[8]->toTensor();
+  if (!check(ctx, stack[4]->isNone(), op, "attn_mask is not supported by dflash_runner's kernel") ||
+      !check(ctx, stack[5]->toDouble() == 0.0, op, "dropout is not supported") ||
+      !check(ctx, q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, "q, k and v must be [B, S, H, D]") ||
+      !check(ctx, k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3), op,
+             "q, k and v differ in batch or head size") ||
+      !check(ctx, k.size(2) > 0 && q.size(2) % k.size(2) == 0, op, "query heads must be a multiple of kv heads") ||
+      !check(ctx, q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), op,
+             "q, k and v differ in dtype") ||
+      !check(ctx, start >= 0 && start + q.size(1) <= k.size(1), op, "reads past the cache's end") ||
+      !check(ctx, executorch::runtime::tensor_is_contiguous(q) && executorch::runtime::tensor_is_contiguous(k) &&
+                      executorch::runtime::tensor_is_contiguous(v), op, "q, k and v must be contiguous") ||
+      !check(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, op, "cannot resize out")) {
+    return;
+  }
+  const float scale = stack[7]->isNone() ? 1.f / std::sqrt(static_cast<float>(q.size(3)))
+                                          : static_cast<float>(stack[7]->toDouble());
+  // tasks: (batch, kv head, block of kRowBlock rows of that kv head's group of query rows)
+  const int64_t group_rows = q.size(1) * (q.size(2) / k.size(2));
+  const int64_t blocks = (group_rows + kRowBlock - 1) / kRowBlock, tasks = q.size(0) * k.size(2) * blocks;
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    executorch::extension::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / (k.size(2) * blocks), kv = task / blocks % k.size(2), block = task % blocks;
+        const int64_t first = block * kRowBlock;
+        attend<T>(q, k, v, out, start, causal, scale, b, kv, first, std::min(kRowBlock, group_rows - first));
+      }
+    });
+  };
+  switch (q.scalar_type()) {
+    case ScalarType::Float: run(float{}); break;
+    case ScalarType::BFloat16: run(executorch::aten::BFloat16{}); break;
+    case ScalarType::Half: run(executorch::aten::Half{}); break;
+    default: check(ctx, false, op, "dtype must be float, bfloat16 or half");
+  }
+}
+
+}  // namespace
+
+executorch::runtime::Span<const executorch::runtime::Kernel> llama_kernels() {
+  static const executorch::runtime::Kernel kernels[] = {
+      executorch::runtime::Kernel("llama::update_cache.out", update_cache),
+      executorch::runtime::Kernel("llama::custom_sdpa.out", custom_sdpa),
+  };
+  return {kernels, 2};
+}
+
+void register_llama_ops() {
+  static const bool registered = [] {
+    const Error error = executorch::runtime::register_kernels(llama_kernels());
+    ET_CHECK_MSG(error == Error::Ok, "registering the llama kernels failed");
+    return true;
+  }();
+  (void)registered;
+}
+
+}  // namespace dflash

@@ -1,0 +1,178 @@
+// dflash_runner: DFlash (or plain) greedy decoding of token ids over a directory of dflash-et programs.
+//
+//   dflash_runner --programs DIR --prompt-ids 1,2,3 [--ar] [--block-size B] [--max-new-tokens N] [--json]
+//   dflash_runner --programs DIR --serve     one request per stdin line, one JSON reply per line:
+//                                            "ar MAX_NEW IDS" or "dflash BLOCK MAX_NEW IDS" (IDS: 1,2,3)
+//
+// Ids in, ids out: text stays on the Python side (`dflash generate --runner cpp`). Problems the user can
+// fix are one line on stderr and exit status 1 (2 for bad arguments).
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <executorch/runtime/platform/runtime.h>
+
+#include "decode.h"
+#include "llama_ops.h"
+
+namespace {
+
+using dflash::Generation;
+using dflash::UserError;
+
+struct Args {
+  std::string programs;
+  std::vector<int64_t> prompt;
+  bool ar = false, json = false, serve = false;
+  int64_t block = 0;  // 0: the largest block the draft was exported for
+  int64_t max_new_tokens = 128;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR (--prompt-ids 1,2,3 [--ar] [--block-size B] "
+               "[--max-new-tokens N] [--json] | --serve)\n";
+  std::exit(2);
+}
+
+int64_t number(const std::string& text, const std::string& what) {
+  try {
+    size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw UserError(what + " must be an integer, got '" + text + "'");
+}
+
+std::vector<int64_t> ids(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(number(item, "each prompt id"));
+  return out;
+}
+
+Args parse(int argc, char** argv) {
+  Args args;
+  bool has_prompt = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--programs") args.programs = value();
+    else if (flag == "--prompt-ids") args.prompt = ids(value()), has_prompt = true;
+    else if (flag == "--block-size") args.block = number(value(), "--block-size");
+    else if (flag == "--max-new-tokens") args.max_new_tokens = number(value(), "--max-new-tokens");
+    else if (flag == "--ar") args.ar = true;
+    else if (flag == "--json") args.json = true;
+    else if (flag == "--serve") args.serve = true;
+    else usage("unknown argument " + flag);
+  }
+  if (args.programs.empty()) usage("--programs is required");
+  if (has_prompt == args.serve) usage("give --prompt-ids, or --serve to read requests from stdin");
+  return args;
+}
+
+// Peak resident memory of this process. Linux: VmHWM, which starts afresh at exec (ru_maxrss would carry
+// the peak of a parent that forked this process, such as a Python interpreter with torch loaded).
+long peak_rss_kb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+#ifdef __APPLE__
+  return usage.ru_maxrss / 1024;  // bytes there
+#else
+  return usage.ru_maxrss;
+#endif
+}
+
+std::string to_json(const Generation& g) {
+  std::ostringstream out;
+  out.precision(9);
+  out << "{\"tokens\": [";
+  for (size_t i = 0; i < g.tokens.size(); ++i) out << (i ? ", " : "") << g.tokens[i];
+  out << "], \"prefill_s\": " << g.prefill_s << ", \"rounds\": [";
+  for (size_t i = 0; i < g.rounds.size(); ++i) {
+    const auto& r = g.rounds[i];
+    out << (i ? ", " : "") << "{\"proposed\": " << r.proposed << ", \"accepted\": " << r.accepted
+        << ", \"emitted\": " << r.emitted << ", \"draft_s\": " << r.draft_s << ", \"verify_s\": " << r.verify_s
+        << ", \"total_s\": " << r.total_s << ", \"drafted\": " << r.drafted << "}";
+  }
+  out << "], \"peak_rss_kb\": " << peak_rss_kb() << "}";
+  return out.str();
+}
+
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c == '\n' ? ' ' : c;
+  }
+  return out + "\"";
+}
+
+Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_tokens, const std::vector<int64_t>& prompt) {
+  if (ar) return pair.ar(prompt, max_new_tokens);
+  return pair.dflash(prompt, max_new_tokens, block ? block : pair.limits().max_block);
+}
+
+// --serve: the programs stay loaded (and their caches warm) across requests; a bad request gets an error reply.
+void serve(dflash::Pair& pair) {
+  const auto& l = pair.limits();
+  std::cout << "{\"max_seq_len\": " << l.max_seq_len << ", \"max_block_size\": " << l.max_block
+            << ", \"peak_rss_kb\": " << peak_rss_kb() << "}" << std::endl;
+  for (std::string line; std::getline(std::cin, line);) {
+    std::istringstream in(line);
+    std::string mode, prompt;
+    int64_t block = 0, max_new = 0;
+    try {
+      in >> mode;
+      if (mode == "dflash") in >> block;
+      if (!(in >> max_new >> prompt) || (mode != "ar" && mode != "dflash")) {
+        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS' or 'dflash BLOCK MAX_NEW IDS'");
+      }
+      std::cout << to_json(run(pair, mode == "ar", block, max_new, ids(prompt))) << std::endl;
+    } catch (const UserError& e) {
+      std::cout << "{\"error\": " << quoted(e.what()) << "}" << std::endl;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  executorch::runtime::runtime_init();
+  dflash::register_llama_ops();
+  try {
+    const Args args = parse(argc, argv);
+    dflash::Pair pair(args.programs);
+    if (args.serve) {
+      serve(pair);
+      return 0;
+    }
+    const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, args.prompt);
+    if (args.json) {
+      std::cout << to_json(g) << std::endl;
+    } else {
+      for (size_t i = 0; i < g.tokens.size(); ++i) std::cout << (i ? "," : "") << g.tokens[i];
+      double decode_s = 0;
+      for (const auto& r : g.rounds) decode_s += r.total_s;
+      std::cout << std::endl;
+      std::fprintf(stderr, "[%s] %zu tokens, %zu rounds, %.1f tokens/s\n", args.ar ? "ar" : "dflash", g.tokens.size(),
+                   g.rounds.size(), decode_s > 0 ? (g.tokens.size() - 1) / decode_s : 0.0);
+    }
+  } catch (const std::exception& e) {  // UserError, or a program call that failed (the runtime logged why)
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,121 @@
+#include "programs.h"
+
+#include <sys/stat.h>
+
+#include <executorch/runtime/core/error.h>
+
+namespace dflash {
+namespace {
+
+using executorch::extension::MmapDataLoader;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+std::string name_of(Error e) { return executorch::runtime::to_string(e); }
+
+std::unique_ptr<MmapDataLoader> open(const std::string& path, const std::string& missing_hint) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) {
+    throw UserError(path + " does not exist; " + missing_hint);
+  }
+  auto loader = MmapDataLoader::from(path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
+  if (!loader.ok()) {
+    throw UserError(path + " cannot be read (" + name_of(loader.error()) + "); check its permissions");
+  }
+  return std::make_unique<MmapDataLoader>(std::move(loader.get()));
+}
+
+}  // namespace
+
+SharedWeights::SharedWeights(const std::string& path) {
+  loader_ = open(path, "the programs keep their weights there (export.shared_weights): rebuild or pull them");
+  auto map = executorch::extension::FlatTensorDataMap::load(loader_.get());
+  if (!map.ok()) {
+    throw UserError(path + " is not a readable weights file (" + name_of(map.error()) +
+                    "): truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)");
+  }
+  map_ = std::make_unique<executorch::extension::FlatTensorDataMap>(std::move(map.get()));
+}
+
+Pte::Pte(const std::string& path, const SharedWeights* weights) : path_(path) {
+  loader_ = open(path, "build the programs (dvc repro) or pull them (dvc pull)");
+  auto program = executorch::runtime::Program::load(loader_.get(), executorch::runtime::Program::Verification::Minimal);
+  if (!program.ok()) {
+    throw UserError(path + " is not a readable ExecuTorch program (" + name_of(program.error()) +
+                    "): truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)");
+  }
+  program_ = std::make_unique<executorch::runtime::Program>(std::move(program.get()));
+  if (!program_->method_meta("forward").ok()) {
+    throw UserError(path + " has no forward method; it is not a dflash-et program");
+  }
+  auto method = load("forward", arena_, weights);
+  if (!method.ok()) {
+    std::string why = name_of(method.error());
+    if (method.error() == Error::OperatorMissing) {
+      throw UserError(path + " calls an operator dflash_runner lacks (" + why + ", named in the log line above)");
+    }
+    throw UserError(path + " cannot be loaded (" + why + ")" +
+                    (weights ? std::string("; is shared.ptd from the same export?")
+                             : std::string("; if it keeps its weights in a .ptd (export.shared_weights), "
+                                           "shared.ptd must be beside it")));
+  }
+  forward_ = std::make_unique<executorch::runtime::Method>(std::move(method.get()));
+}
+
+executorch::runtime::Result<executorch::runtime::Method> Pte::load(const char* name, Arena& arena,
+                                                                    const SharedWeights* weights) const {
+  auto meta = program_->method_meta(name);
+  if (!meta.ok()) return meta.error();
+  for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
+    arena.buffers.emplace_back(meta->memory_planned_buffer_size(i).get());
+    arena.spans.emplace_back(arena.buffers.back().data(), arena.buffers.back().size());
+  }
+  arena.planned = std::make_unique<executorch::runtime::HierarchicalAllocator>(
+      executorch::runtime::Span<executorch::runtime::Span<uint8_t>>(arena.spans.data(), arena.spans.size()));
+  arena.memory = std::make_unique<executorch::runtime::MemoryManager>(&arena.method_allocator, arena.planned.get(),
+                                                                       &arena.temp_allocator);
+  return program_->load_method(name, arena.memory.get(), nullptr, weights ? weights->map() : nullptr);
+}
+
+std::vector<EValue> Pte::constant(const std::string& name) const {
+  const std::string method_name = "get_" + name;
+  auto meta = program_->method_meta(method_name.c_str());
+  if (!meta.ok()) {
+    throw UserError(path_ + " lacks " + method_name + "; it was exported by another tool or an older dflash-et: "
+                    "re-export it (dvc repro)");
+  }
+  Arena arena;
+  auto method = load(method_name.c_str(), arena, nullptr);
+  if (!method.ok() || method->execute() != Error::Ok) {
+    throw UserError(path_ + ": " + method_name + " cannot be run; re-export the program (dvc repro)");
+  }
+  std::vector<EValue> values(method->outputs_size());
+  for (size_t i = 0; i < values.size(); ++i) values[i] = method->get_output(i);
+  return values;
+}
+
+int64_t Pte::integer(const std::string& name) const {
+  auto values = constant(name);
+  if (values.size() != 1 || !values[0].isInt()) throw UserError(path_ + ": get_" + name + " is not one integer");
+  return values[0].toInt();
+}
+
+std::vector<int64_t> Pte::integers(const std::string& name) const {
+  std::vector<int64_t> out;
+  for (const auto& v : constant(name)) {
+    if (!v.isInt()) throw UserError(path_ + ": get_" + name + " is not a list of integers");
+    out.push_back(v.toInt());
+  }
+  return out;
+}
+
+void Pte::forward(const std::vector<EValue>& inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Error e = forward_->set_input(inputs[i], i);
+    if (e != Error::Ok) throw std::runtime_error(path_ + ": input " + std::to_string(i) + " rejected (" + name_of(e) + ")");
+  }
+  const Error e = forward_->execute();
+  if (e != Error::Ok) throw std::runtime_error(path_ + ": forward failed (" + name_of(e) + ")");
+}
+
+}  // namespace dflash

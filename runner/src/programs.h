@@ -1,0 +1,71 @@
+// Loading target.pte and draft.pte (and shared.ptd, once, for both) and calling their `forward`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/data_loader/mmap_data_loader.h>
+#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/runtime/executor/program.h>
+
+namespace dflash {
+
+// A problem the user can fix: main() prints it as one line and exits non-zero.
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// shared.ptd: the weights both programs read, loaded once and handed to both.
+class SharedWeights {
+ public:
+  explicit SharedWeights(const std::string& path);
+  const executorch::runtime::NamedDataMap* map() const { return &*map_; }
+
+ private:
+  std::unique_ptr<executorch::extension::MmapDataLoader> loader_;  // outlives map_
+  std::unique_ptr<executorch::extension::FlatTensorDataMap> map_;
+};
+
+// One program: its `forward` method, ready to execute, and its constant methods (`get_*` metadata).
+class Pte {
+ public:
+  Pte(const std::string& path, const SharedWeights* weights);
+  Pte(const Pte&) = delete;
+  Pte& operator=(const Pte&) = delete;
+
+  // A constant method's values (one per list element); `name` is the key without `get_`.
+  std::vector<executorch::runtime::EValue> constant(const std::string& name) const;
+  int64_t integer(const std::string& name) const;
+  std::vector<int64_t> integers(const std::string& name) const;
+
+  // Runs forward on `inputs`; output(i) then stays valid until the next call.
+  void forward(const std::vector<executorch::runtime::EValue>& inputs);
+  const executorch::aten::Tensor& output(size_t i) const { return forward_->get_output(i).toTensor(); }
+  const std::string& path() const { return path_; }
+
+  // What one loaded method owns: its allocators and planned memory (activations, and the KV caches that
+  // persist from one call to the next).
+  struct Arena {
+    executorch::extension::MallocMemoryAllocator method_allocator, temp_allocator;
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<executorch::runtime::Span<uint8_t>> spans;
+    std::unique_ptr<executorch::runtime::HierarchicalAllocator> planned;
+    std::unique_ptr<executorch::runtime::MemoryManager> memory;
+  };
+
+ private:
+  executorch::runtime::Result<executorch::runtime::Method> load(const char* method, Arena& arena,
+                                                                const SharedWeights* weights) const;
+
+  std::string path_;
+  std::unique_ptr<executorch::extension::MmapDataLoader> loader_;
+  std::unique_ptr<executorch::runtime::Program> program_;
+  Arena arena_;
+  std::unique_ptr<executorch::runtime::Method> forward_;
+};
+
+}  // namespace dflash

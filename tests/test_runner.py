@@ -1,0 +1,208 @@
+"""The C++ runner (runner/): its kernels against ExecuTorch's own ops, its tokens against the Python
+engine's, its errors. It is built once per test run, as `make runner` builds it."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_et import cli
+from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+from dflash_et.errors import ProgramError, UserError
+from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels, build_runner
+from dflash_et.runtime.engine import Engine
+from dflash_et.runtime.programs import load_programs
+from tests.conftest import MAX_SEQ_LEN
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory) -> Path:
+    from filelock import FileLock
+
+    with FileLock(str(tmp_path_factory.getbasetemp().parent / "runner-build.lock")):  # one build for all workers
+        return build_runner()
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+@pytest.fixture(scope="module")
+def kernels(runner):
+    return LlamaKernels(runner.parent / "libdflash_llama_ops.so")
+
+
+def reference_sdpa(q, k, v, start, causal, scale):
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers torch.ops.llama)
+
+    return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, causal, scale)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])  # (query heads, kv heads): GQA 4:1, and none
+@pytest.mark.parametrize("head_dim,queries,start", [(64, 1, 0), (64, 16, 37), (24, 5, 90), (24, 1, 122)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("scale", [None, 0.125])
+def test_custom_sdpa_matches_executorch(kernels, heads, head_dim, queries, start, causal, scale):
+    torch.manual_seed(start + queries)
+    q = torch.randn(1, queries, heads[0], head_dim)
+    k, v = torch.randn(2, 1, MAX_SEQ_LEN, heads[1], head_dim)
+    ours = kernels.custom_sdpa(q, k, v, start, causal, scale)
+    torch.testing.assert_close(ours, reference_sdpa(q, k, v, start, causal, scale), atol=2e-5, rtol=1e-4)
+
+
+def test_custom_sdpa_in_bfloat16(kernels):
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(2, 1, 64, 2, 64, dtype=torch.bfloat16)
+    ours = kernels.custom_sdpa(q, k, v, 20, True, None)
+    torch.testing.assert_close(ours, reference_sdpa(q, k, v, 20, True, None), atol=2e-2, rtol=2e-2)
+
+
+def test_update_cache_and_rollback(kernels):
+    """A round writes 6 positions, the target rejects all but the first 2: the next round writes over the
+    rest, and attention never reads what is left past its own end (set to huge values here)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+    torch.manual_seed(1)
+    ours, theirs = torch.zeros(2, 1, 32, 2, 16)
+    first = torch.randn(1, 6, 2, 16)
+    assert kernels.update_cache(first, ours, 10) == 0
+    torch.ops.llama.update_cache(first, theirs, 10)
+    assert torch.equal(ours, theirs)
+    second = torch.randn(1, 3, 2, 16)
+    assert kernels.update_cache(second, ours, 12) == 0  # rollback: positions 12..14 again
+    torch.ops.llama.update_cache(second, theirs, 12)
+    assert torch.equal(ours, theirs) and torch.equal(ours[0, 12:15], second[0]) and torch.equal(ours[0, 15], first[0, 5])
+    q = torch.randn(1, 3, 4, 16)
+    expected = reference_sdpa(q, ours, ours, 12, True, None)
+    ours[0, 15:] = 1e4  # stale: must not be read
+    torch.testing.assert_close(kernels.custom_sdpa(q, ours, ours, 12, True, None), expected)
+    assert kernels.update_cache(second, ours, 30) != 0  # past the cache's end: refused, nothing written
+    assert torch.all(ours[0, 30:] == 1e4)
+
+
+# ----------------------------------------------------------------------------------------- the loop
+
+
+@pytest.fixture(scope="module")
+def prompts(programs):
+    tok = tokenizer(programs)
+    return [encode_chat(tok, r["prompt"]) for r in builtin_prompts(6)]
+
+
+@pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs"])
+def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
+    """fp32 and 8da4w, with and without shared.ptd: plain and DFlash at several blocks, the same tokens and the
+    same rounds (accepted proposals) as the Python engine."""
+    programs = request.getfixturevalue(kind)
+    python = Engine(programs)
+    accepted = 0
+    with CppEngine(programs, runner) as cpp:
+        assert (cpp.max_seq_len, cpp.max_block_size) == (python.max_seq_len, python.max_block_size)
+        for ids in prompts[:4]:
+            assert cpp.ar(ids, 24).tokens == python.ar(ids, 24).tokens
+            for block in (2, 5, python.max_block_size):
+                ours, theirs = cpp.dflash(ids, 24, block), python.dflash(ids, 24, block)
+                assert ours.tokens == theirs.tokens
+                assert [(r.proposed, r.accepted) for r in ours.rounds] == [(r.proposed, r.accepted) for r in theirs.rounds]
+                assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in ours.rounds if r.proposed)
+                accepted += sum(r.accepted for r in ours.rounds)
+        assert cpp.peak_rss_kb > 0
+    assert accepted > 50  # a trained draft: rounds accept proposals, so rollback and the taps are exercised
+
+
+def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
+    python = Engine(programs)
+    long_prompt = (prompts[0] * 8)[:MAX_SEQ_LEN - 3]  # 3 positions left in the cache
+    with CppEngine(programs, runner) as cpp:
+        for ids, budget in ((long_prompt, 50), (prompts[1], 3), (prompts[2], 200)):  # cache end, budget, EOS
+            assert cpp.dflash(ids, budget).tokens == python.dflash(ids, budget, python.max_block_size).tokens
+            assert cpp.ar(ids, budget).tokens == python.ar(ids, budget).tokens
+        assert cpp.dflash(prompts[2], 200).tokens[-1] in python.eos_ids
+        with pytest.raises(UserError, match=f"the prompt has {MAX_SEQ_LEN + 2} tokens but max_seq_len is {MAX_SEQ_LEN}"):
+            cpp.dflash((prompts[0] * 10)[:MAX_SEQ_LEN + 2], 8)
+        with pytest.raises(UserError, match=f"block size 40 is outside 2..{python.max_block_size}"):
+            cpp.dflash(prompts[0], 8, 40)
+        with pytest.raises(UserError, match=r"the C\+\+ runner runs fixed blocks"):
+            cpp.dflash(prompts[0], 8, "auto")
+        assert cpp.ar(prompts[0], 4).tokens == python.ar(prompts[0], 4).tokens  # still serving after bad requests
+
+
+def test_cli_runner_cpp(programs, runner, capsys):
+    argv = ["generate", "--programs", str(programs), "--prompt", "Write a haiku about the sea.", "--json",
+            "--max-new-tokens", "20"]
+    cli.main(argv + ["--runner", "cpp"])
+    cli.main(argv + ["--block-size", "6"])
+    cli.main(argv + ["--runner", "cpp", "--block-size", "6"])
+    cpp, python, cpp6 = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert cpp["tokens"] == python["tokens"] == cpp6["tokens"] and cpp["text"] == python["text"]
+    with pytest.raises(SystemExit, match="the C.. runner decodes greedily at fixed blocks"):
+        cli.main(argv + ["--runner", "cpp", "--temperature", "0.7"])
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def run_binary(runner: Path, programs: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(runner), "--programs", str(programs), *args], capture_output=True, text=True)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert message in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def test_runner_bad_inputs_are_one_line_errors(runner, programs, shared_programs, mixed_programs, tmp_path):
+    prompt = "--prompt-ids", "1,2,3"
+    assert_one_line_error(run_binary(runner, tmp_path / "none", *prompt),
+                          f"{tmp_path}/none/target.pte does not exist; build the programs (dvc repro)")
+    no_ptd = tmp_path / "no-ptd"
+    shutil.copytree(shared_programs, no_ptd)
+    (no_ptd / "shared.ptd").unlink()
+    assert_one_line_error(run_binary(runner, no_ptd, *prompt), "target.pte cannot be loaded")
+    assert_one_line_error(run_binary(runner, no_ptd, *prompt), "shared.ptd must be beside it")
+    assert_one_line_error(run_binary(runner, mixed_programs, *prompt), "draft.pte was exported for another target than")
+    too_long = ",".join(["1"] * (MAX_SEQ_LEN + 1))
+    assert_one_line_error(run_binary(runner, programs, "--prompt-ids", too_long), "shorten the prompt")
+    assert_one_line_error(run_binary(runner, programs, *prompt, "--block-size", "99"), "block size 99 is outside 2..")
+    assert_one_line_error(run_binary(runner, programs, "--prompt-ids", "1,x"), "each prompt id must be an integer")
+    bad = run_binary(runner, programs, *prompt, "--bogus")
+    assert bad.returncode == 2 and "unknown argument --bogus" in bad.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path, damage):
+    broken = tmp_path / "programs"
+    shutil.copytree(programs, broken)
+    data = (programs / "target.pte").read_bytes()
+    (broken / "target.pte").write_bytes(data[:len(data) // 3] if damage == "truncated" else b"\x07" * len(data))
+    message = f"{broken}/target.pte is not a readable ExecuTorch program"
+    result = run_binary(runner, broken, "--prompt-ids", "1,2,3")
+    assert_one_line_error(result, message)
+    assert "truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)" in result.stderr
+    with pytest.raises(ProgramError, match=f"{message} .*: truncated or corrupt"):
+        load_programs(broken)
+    with pytest.raises(ProgramError, match=message):
+        CppEngine(broken, runner)
+    if damage == "corrupt":
+        return
+    cmd = subprocess.run([str(Path(sys.executable).parent / "dflash"), "generate", "--prompt", "hi", "--programs",
+                          str(broken)], capture_output=True, text=True)
+    assert cmd.returncode == 1 and cmd.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+
+
+def test_bench_with_the_cpp_runner(programs, runner):
+    from dflash_et.reports.bench import BenchConfig, run_bench
+
+    config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, block_sizes=(4, 8), runner="cpp")
+    metrics, plots, curve = run_bench(programs, 4, config)
+    assert metrics["runner"] == "cpp" and metrics["lossless"] and metrics["tau"] > 1
+    assert set(metrics["speedup_by_block"]) == {"4", "8"} and metrics["host_ms_per_round"] > 0
+    assert curve is None and "speedup_auto" not in metrics and plots["cost_curve"] == []  # auto is Python's
+    with pytest.raises(ValueError, match="bench.runner cpp decodes greedily at fixed blocks"):
+        run_bench(programs, "auto", BenchConfig(runner="cpp"))
+    with pytest.raises(ValueError, match="bench.runner must be one of python, cpp, got 'java'"):
+        run_bench(programs, 4, BenchConfig(runner="java"))

@@ -36,7 +36,8 @@ def parser() -> argparse.ArgumentParser:
                         "block draft.pte takes)")
     g.add_argument("--runner", choices=RUNNERS, default="python",
                    help="python: the engine over executorch.runtime; cpp: the C++ runner (`make runner`), "
-                        "greedy at fixed blocks, text printed when the reply is done (default: %(default)s)")
+                        "at fixed blocks, text printed when the reply is done; its seeds give other tokens than "
+                        "the Python engine's (default: %(default)s)")
     g.add_argument("--cost-curve", type=Path, default=None,
                    help="with --block-size auto: this device's cost curve for these programs, as the bench "
                         "stage writes it (reports/cost_curve.json) (default: measured at load, one sweep: seconds "
@@ -89,14 +90,14 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
     if args.runner == "cpp":
-        if args.sample or not Sampling(**flags).greedy or args.block_size == AUTO or args.cost_curve:
-            raise UserError("the C++ runner decodes greedily at fixed blocks: drop the sampling options, "
+        if args.block_size == AUTO or args.cost_curve:
+            raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine): drop "
                             "--block-size auto and --cost-curve, or use --runner python")
-        engine, settings = CppEngine(args.programs), Sampling(**flags)
+        engine = CppEngine(args.programs)
     else:
         args.block_size = args.block_size or AUTO
         engine = Engine(args.programs, args.cost_curve)
-        settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
+    settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
     if args.block_size == AUTO and not args.ar and settings.greedy:  # sampled, auto keeps the largest block
         engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     if args.sample and settings.greedy:

@@ -3,6 +3,8 @@ engine's, its errors. It is built once per test run, as `make runner` builds it.
 
 import json
 import shutil
+from collections import Counter
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from dflash_et.errors import ProgramError, UserError
 from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels, build_runner
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
+from dflash_et.runtime.sampling import Sampler, Sampling
 from tests.conftest import MAX_SEQ_LEN
 
 
@@ -98,28 +101,30 @@ def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner
     same rounds (accepted proposals) as the Python engine."""
     programs = request.getfixturevalue(kind)
     python = Engine(programs)
-    accepted = 0
-    with CppEngine(programs, runner) as cpp:
+    blocks = (0, 2, 5, python.max_block_size)  # 0: plain decoding
+
+    def runs(engine) -> list:  # one engine at a time: two thread pools taking turns on 2 cores crawl
+        return [engine.dflash(ids, 24, block) if block else engine.ar(ids, 24) for ids in prompts[:4] for block in blocks]
+
+    theirs = runs(python)
+    with CppEngine(programs, runner, threads=1) as cpp:
         assert (cpp.max_seq_len, cpp.max_block_size) == (python.max_seq_len, python.max_block_size)
-        for ids in prompts[:4]:
-            assert cpp.ar(ids, 24).tokens == python.ar(ids, 24).tokens
-            for block in (2, 5, python.max_block_size):
-                ours, theirs = cpp.dflash(ids, 24, block), python.dflash(ids, 24, block)
-                assert ours.tokens == theirs.tokens
-                assert [(r.proposed, r.accepted) for r in ours.rounds] == [(r.proposed, r.accepted) for r in theirs.rounds]
-                assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in ours.rounds if r.proposed)
-                accepted += sum(r.accepted for r in ours.rounds)
+        ours = runs(cpp)
         assert cpp.peak_rss_kb > 0
-    assert accepted > 50  # a trained draft: rounds accept proposals, so rollback and the taps are exercised
+    for a, b in zip(ours, theirs):
+        assert a.tokens == b.tokens
+        assert [(r.proposed, r.accepted) for r in a.rounds] == [(r.proposed, r.accepted) for r in b.rounds]
+        assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in a.rounds if r.proposed)
+    assert sum(r.accepted for g in ours for r in g.rounds) > 50  # a trained draft: rollback and the taps are exercised
 
 
 def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
     python = Engine(programs)
     long_prompt = (prompts[0] * 8)[:MAX_SEQ_LEN - 3]  # 3 positions left in the cache
-    with CppEngine(programs, runner) as cpp:
-        for ids, budget in ((long_prompt, 50), (prompts[1], 3), (prompts[2], 200)):  # cache end, budget, EOS
-            assert cpp.dflash(ids, budget).tokens == python.dflash(ids, budget, python.max_block_size).tokens
-            assert cpp.ar(ids, budget).tokens == python.ar(ids, budget).tokens
+    cases = ((long_prompt, 50), (prompts[1], 3), (prompts[2], 200))  # the cache's end, the budget, EOS
+    theirs = [(python.dflash(ids, n, python.max_block_size).tokens, python.ar(ids, n).tokens) for ids, n in cases]
+    with CppEngine(programs, runner, threads=1) as cpp:
+        assert [(cpp.dflash(ids, n).tokens, cpp.ar(ids, n).tokens) for ids, n in cases] == theirs
         assert cpp.dflash(prompts[2], 200).tokens[-1] in python.eos_ids
         with pytest.raises(UserError, match=f"the prompt has {MAX_SEQ_LEN + 2} tokens but max_seq_len is {MAX_SEQ_LEN}"):
             cpp.dflash((prompts[0] * 10)[:MAX_SEQ_LEN + 2], 8)
@@ -136,10 +141,42 @@ def test_cli_runner_cpp(programs, runner, capsys):
     cli.main(argv + ["--runner", "cpp"])
     cli.main(argv + ["--block-size", "6"])
     cli.main(argv + ["--runner", "cpp", "--block-size", "6"])
-    cpp, python, cpp6 = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    cli.main(argv + ["--runner", "cpp", "--temperature", "0.8", "--seed", "3", "--num-samples", "2"])
+    cli.main(argv + ["--runner", "cpp", "--temperature", "0.8", "--seed", "3"])
+    cpp, python, cpp6, sampled, other, again = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert cpp["tokens"] == python["tokens"] == cpp6["tokens"] and cpp["text"] == python["text"]
-    with pytest.raises(SystemExit, match="the C.. runner decodes greedily at fixed blocks"):
-        cli.main(argv + ["--runner", "cpp", "--temperature", "0.7"])
+    assert sampled["tokens"] == again["tokens"] != other["tokens"] and (sampled["seed"], other["seed"]) == (3, 4)
+    with pytest.raises(SystemExit, match=r"the C\+\+ runner runs fixed blocks"):
+        cli.main(argv + ["--runner", "cpp", "--block-size", "auto"])
+
+
+def test_runner_samples_the_targets_distribution(programs, runner, prompts):
+    """Sampled plain decoding and sampled DFlash (both proposal modes) through the runner against plain
+    sampling by the Python engine: per generated position, the chi-square test of validate's sampling check
+    (Bonferroni over the positions and modes). The two generators differ, so only distributions can agree."""
+    from dflash_et.reports.same_distribution import chi_square
+
+    samples, tokens, alpha = 400, 6, 1e-3
+    settings = Sampling(temperature=1.5, top_p=0.95, top_k=20)
+    python = Engine(programs)
+    ids = prompts[2]
+
+    def completions(run) -> list[Counter]:
+        outs = [run(i).tokens for i in range(samples)]
+        return [Counter(o[p] if p < len(o) else -1 for o in outs) for p in range(tokens)]
+
+    def sampler(seed: int, proposals: str = "argmax") -> Sampler:
+        return Sampler(replace(settings, seed=seed, proposals=proposals))
+
+    reference = completions(lambda i: python.ar(ids, tokens, sampler=sampler(10_000 + i)))
+    with CppEngine(programs, runner, threads=1) as cpp:
+        runs = {"ar": completions(lambda i: cpp.ar(ids, tokens, sampler=sampler(i)))}
+        for proposals in ("argmax", "sample"):
+            runs[proposals] = completions(lambda i: cpp.dflash(ids, tokens, 8, sampler=sampler(i, proposals)))
+        assert cpp.dflash(ids, 12, 8, sampler=sampler(5)).tokens == cpp.dflash(ids, 12, 8, sampler=sampler(5)).tokens
+    p_values = {(mode, p): chi_square(counts[p], reference[p])[2] for mode, counts in runs.items() for p in range(tokens)}
+    assert min(p_values.values()) > alpha / len(p_values), p_values
+    assert all(len(counts[p]) > 1 for counts in runs.values() for p in range(tokens))  # sampled at every position
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -202,7 +239,7 @@ def test_bench_with_the_cpp_runner(programs, runner):
     assert metrics["runner"] == "cpp" and metrics["lossless"] and metrics["tau"] > 1
     assert set(metrics["speedup_by_block"]) == {"4", "8"} and metrics["host_ms_per_round"] > 0
     assert curve is None and "speedup_auto" not in metrics and plots["cost_curve"] == []  # auto is Python's
-    with pytest.raises(ValueError, match="bench.runner cpp decodes greedily at fixed blocks"):
+    with pytest.raises(ValueError, match="bench.runner cpp runs fixed blocks"):
         run_bench(programs, "auto", BenchConfig(runner="cpp"))
     with pytest.raises(ValueError, match="bench.runner must be one of python, cpp, got 'java'"):
         run_bench(programs, 4, BenchConfig(runner="java"))

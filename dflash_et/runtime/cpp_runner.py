@@ -4,7 +4,8 @@ with no Python between the program calls.
 `build_runner` configures and builds it against this environment's executorch wheel (what `make runner`
 runs); `CppEngine` keeps one `dflash_runner --serve` process per programs directory, so that the
 programs load once and their caches stay warm across generations, as in the Python engine. The runner
-decodes greedily at fixed blocks: auto's planner and sampling stay in the Python engine.
+decodes at fixed blocks (auto's planner stays in the Python engine), greedy or sampled by the same
+algorithm; its seeded generator is its own, so a seed gives other tokens than in the Python engine.
 """
 
 import ctypes
@@ -20,7 +21,8 @@ import torch
 from dflash_et.errors import ProgramError, UserError
 from dflash_et.runtime.adaptive import AUTO
 from dflash_et.runtime.generate import Generation, OnTokens, Round
-from dflash_et.runtime.sampling import Sampler
+from dflash_et.runtime.engine import recommended
+from dflash_et.runtime.sampling import Sampler, Sampling
 
 RUNNERS = ("python", "cpp")  # the host loops: dflash_et.runtime (engine.py) and dflash_runner (this module)
 SOURCES = Path(__file__).resolve().parents[2] / "runner"
@@ -52,18 +54,21 @@ def build_runner(build_dir: Path = BUILD) -> Path:
 class CppEngine:
     """`ar` and `dflash` of `Engine`, run by dflash_runner over the programs in `programs_dir`."""
 
-    def __init__(self, programs_dir: Path, binary: Path = BUILD / "dflash_runner"):
+    def __init__(self, programs_dir: Path, binary: Path = BUILD / "dflash_runner", threads: int = 0):
+        """`threads`: the runtime's thread pool size (0: one per core; fewer leave cores to other processes)."""
         if not binary.is_file():
             raise UserError(f"the C++ runner is not built ({binary} is missing); run `make runner`")
         self._log = tempfile.TemporaryFile("w+")  # the runtime's log lines; read when something fails
-        self._process = subprocess.Popen([str(binary), "--programs", str(programs_dir), "--serve"], text=True,
+        self._process = subprocess.Popen([str(binary), "--programs", str(programs_dir), "--serve",
+                                          "--threads", str(threads)], text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
         ready = self._process.stdout.readline()
         if not ready:
             raise ProgramError(self._failure())
-        meta = json.loads(ready)
-        self.max_seq_len, self.max_block_size = meta["max_seq_len"], meta["max_block_size"]
-        self.load_rss_kb = meta["peak_rss_kb"]  # peak resident memory once both programs are loaded
+        self.meta = json.loads(ready)  # limits, and the recommended sampling when target.pte carries it
+        self.max_seq_len, self.max_block_size = self.meta["max_seq_len"], self.meta["max_block_size"]
+        self.load_rss_kb = self.meta["peak_rss_kb"]  # peak resident memory once both programs are loaded
+        self.programs_dir = programs_dir
 
     def _failure(self) -> str:
         """The runner's own one-line error, from its stderr."""
@@ -85,26 +90,33 @@ class CppEngine:
         on_tokens and on_tokens(out["tokens"])  # all at once: the runner replies when the generation is done
         return Generation(out["tokens"], out["prefill_s"], [Round(**r) for r in out["rounds"]])
 
+    def recommended(self, **overrides) -> Sampling:
+        """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
+        return recommended(self.meta, self.programs_dir / "target.pte", **overrides)
+
     @staticmethod
-    def _greedy(sampler: Sampler | None) -> None:
-        if sampler and not sampler.sampling.greedy:
-            raise UserError("the C++ runner decodes greedily; sample with the Python runner (--runner python)")
+    def _settings(sampler: Sampler | None) -> str:
+        """A request's sampling settings (none: greedy)."""
+        s = sampler.sampling if sampler else Sampling()
+        if s.greedy:
+            return ""
+        return (f" temperature={s.temperature!r} top_p={s.top_p!r} top_k={s.top_k or 0} proposals={s.proposals} "
+                f"seed={s.seed}")
 
     def ar(self, prompt: list[int], max_new_tokens: int, on_tokens: OnTokens = None,
            sampler: Sampler | None = None) -> Generation:
-        """Plain greedy decoding with target.pte alone."""
-        self._greedy(sampler)
-        return self._request(f"ar {max_new_tokens} {','.join(map(str, prompt))}", on_tokens)
+        """Plain decoding with target.pte alone (greedy unless a sampler says otherwise)."""
+        return self._request(f"ar {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}", on_tokens)
 
     def dflash(self, prompt: list[int], max_new_tokens: int, block_size: int | str | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
-        """Greedy DFlash at a fixed block (default: the largest draft.pte takes)."""
-        self._greedy(sampler)
+        """DFlash at a fixed block (default: the largest draft.pte takes), greedy unless a sampler says otherwise."""
         if block_size == AUTO:
             raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine); "
                             "give a block size, or use --runner python")
         block = int(block_size or self.max_block_size)
-        return self._request(f"dflash {block} {max_new_tokens} {','.join(map(str, prompt))}", on_tokens)
+        return self._request(f"dflash {block} {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}",
+                             on_tokens)
 
     def close(self) -> None:
         self._process.stdin.close()

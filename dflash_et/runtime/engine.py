@@ -17,6 +17,14 @@ from dflash_et.runtime.sampling import Sampler, Sampling
 BlockSize = int | str  # a number of tokens (last token + proposals), or "auto"
 
 
+def recommended(meta: dict, target_pte: Path, **overrides) -> Sampling:
+    """The recommended sampling settings in target.pte's metadata `meta`, `overrides` on top."""
+    if "temperature" not in meta:
+        raise ProgramError(f"{target_pte} carries no recommended sampling settings (exported before "
+                           "they were recorded); re-export it (dvc repro) or give the settings explicitly")
+    return Sampling.from_metadata(meta, **overrides)
+
+
 class Engine:
     def __init__(self, programs_dir: Path, cost_curve: Path | None = None):
         self.target, self.draft = load_programs(programs_dir)
@@ -58,10 +66,7 @@ class Engine:
 
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
-        if "temperature" not in self.target.meta:
-            raise ProgramError(f"{self.target.path} carries no recommended sampling settings (exported before "
-                               "they were recorded); re-export it (dvc repro) or give the settings explicitly")
-        return Sampling.from_metadata(self.target.meta, **overrides)
+        return recommended(self.target.meta, self.target.path, **overrides)
 
     def ar(self, prompt: list[int], max_new_tokens: int, on_tokens: OnTokens = None,
            sampler: Sampler | None = None) -> Generation:

@@ -23,16 +23,6 @@ bool exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
-// Row-wise argmax of [rows, vocab] floats, the first index on ties (as numpy and torch).
-std::vector<int64_t> argmax(const float* logits, int64_t rows, int64_t vocab) {
-  std::vector<int64_t> out(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = logits + r * vocab;
-    out[r] = std::max_element(row, row + vocab) - row;
-  }
-  return out;
-}
-
 std::vector<int64_t> positions(int64_t start, int64_t length) {
   std::vector<int64_t> out(length);
   std::iota(out.begin(), out.end(), start);
@@ -54,6 +44,15 @@ Pair::Pair(const std::string& dir) {
   std::vector<int64_t> eos = target_->integers("eos_ids");
   limits_ = {target_->integer("max_seq_len"), target_->integer("max_chunk"), draft_->integer("mask_token_id"),
              draft_->integer("max_block_size"), target_->integer("vocab_size"), {eos.begin(), eos.end()}};
+}
+
+std::optional<Sampling> Pair::recommended() const {
+  if (!target_->has("temperature")) return std::nullopt;
+  Sampling s;
+  s.temperature = target_->real("temperature");
+  s.top_p = target_->real("top_p");
+  s.top_k = target_->integer("top_k");
+  return s;
 }
 
 void Pair::check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const {
@@ -78,11 +77,6 @@ void Pair::target(std::vector<int64_t> tokens, int64_t pos) {
   target_->forward({*from_blob(tokens.data(), {1, n}, ScalarType::Long), *from_blob(at.data(), {n}, ScalarType::Long)});
 }
 
-std::vector<int64_t> Pair::target_argmax() const {
-  const auto& logits = target_->output(0);
-  return argmax(logits.const_data_ptr<float>(), logits.size(1), logits.size(2));
-}
-
 void Pair::keep_taps(std::vector<float>& taps, int64_t rows) {
   const auto& hidden = target_->output(1);
   taps_width_ = hidden.size(2);
@@ -90,37 +84,41 @@ void Pair::keep_taps(std::vector<float>& taps, int64_t rows) {
   taps.insert(taps.end(), h, h + rows * taps_width_);
 }
 
-int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds) {
+int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds,
+                      Sampler& sampler) {
   const double t0 = now();
   for (size_t i = 0; i < prompt.size(); i += limits_.chunk) {
     const size_t end = std::min(prompt.size(), i + limits_.chunk);
     target({prompt.begin() + i, prompt.begin() + end}, i);
     keep_taps(taps, end - i);
   }
-  const int64_t first = target_argmax().back();
+  const auto& logits = target_->output(0);
+  const int64_t first = sampler.next_token(logits.const_data_ptr<float>() + (logits.size(1) - 1) * logits.size(2),
+                                           logits.size(2));
   seconds = now() - t0;
   return first;
 }
 
-Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens) {
+Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler) {
   check(prompt, max_new_tokens);
   Generation out;
   std::vector<float> taps;
-  out.tokens.push_back(prefill(prompt, taps, out.prefill_s));
+  out.tokens.push_back(prefill(prompt, taps, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   while (static_cast<int64_t>(out.tokens.size()) < max_new_tokens && !limits_.eos_ids.count(out.tokens.back()) &&
          pos < limits_.max_seq_len) {
     const double t0 = now();
     target({out.tokens.back()}, pos);
     const double t1 = now();
-    out.tokens.push_back(target_argmax()[0]);
+    out.tokens.push_back(sampler.next_token(target_->output(0).const_data_ptr<float>(), limits_.vocab_size));
     ++pos;
     out.rounds.push_back({0, 0, 1, 0.0, t1 - t0, now() - t0, 0});
   }
   return out;
 }
 
-Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block) {
+Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block,
+                        Sampler& sampler) {
   check(prompt, max_new_tokens);
   if (block < 2 || block > limits_.max_block) {
     throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
@@ -130,10 +128,11 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
   int64_t unseen_start = 0;
-  out.tokens.push_back(prefill(prompt, unseen, out.prefill_s));
+  out.tokens.push_back(prefill(prompt, unseen, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   bool done = limits_.eos_ids.count(out.tokens.back()) > 0;
   std::vector<int64_t> block_ids, context;
+  std::vector<float> q;  // the distributions sampled proposals were drawn from
   while (!done) {
     const int64_t room = std::min({block, max_new_tokens - static_cast<int64_t>(out.tokens.size()),
                                    limits_.max_seq_len - pos});
@@ -153,7 +152,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
                        *from_blob(context.data(), {n}, ScalarType::Long)});
       draft_s = now() - t1;
       const auto& logits = draft_->output(0);
-      proposals = argmax(logits.const_data_ptr<float>(), room - 1, logits.size(2));
+      proposals = sampler.propose(logits.const_data_ptr<float>(), room - 1, logits.size(2), q);
       unseen.clear();
       unseen_start = pos;
     }
@@ -162,11 +161,10 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
     const double t1 = now();
     target(tokens, pos);
     const double verify_s = now() - t1;
-    const std::vector<int64_t> verified = target_argmax();
-    int64_t accepted = 0;
-    while (accepted < static_cast<int64_t>(proposals.size()) && proposals[accepted] == verified[accepted]) ++accepted;
+    const auto [accepted, following] =
+        sampler.verify(proposals, q, target_->output(0).const_data_ptr<float>(), limits_.vocab_size);
     std::vector<int64_t> emitted(proposals.begin(), proposals.begin() + accepted);
-    emitted.push_back(verified[accepted]);
+    emitted.push_back(following);
     for (size_t i = 0; i < emitted.size(); ++i) {
       if (limits_.eos_ids.count(emitted[i])) {
         emitted.resize(i + 1);

@@ -1,13 +1,15 @@
-// Plain and DFlash greedy decoding over the two programs: the Python engine's loops
+// Plain and DFlash decoding (greedy or sampled) over the two programs: the Python engine's loops
 // (dflash_et/runtime/generate.py), round for round, so that both emit the same tokens.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "programs.h"
+#include "sampling.h"
 
 namespace dflash {
 
@@ -35,20 +37,20 @@ class Pair {
  public:
   Pair(const std::string& programs_dir);
   const Limits& limits() const { return limits_; }
+  // The checkpoint's recommended sampling, as target.pte carries it (none from programs exported before it did).
+  std::optional<Sampling> recommended() const;
 
-  // Plain greedy decoding: one target call per token.
-  Generation ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens);
-  // Greedy DFlash with blocks of `block` (last token + proposals), clamped at the ends as the Python engine does.
-  Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block);
+  // Plain decoding: one target call per token.
+  Generation ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler);
+  // DFlash with blocks of `block` (last token + proposals), clamped at the ends as the Python engine does.
+  Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler);
 
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
   // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`.
-  int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds);
+  int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds, Sampler& sampler);
   // The target on `tokens` at positions pos..; its outputs stay readable until the next call.
   void target(std::vector<int64_t> tokens, int64_t pos);
-  // The argmax of each row of the last target call's logits.
-  std::vector<int64_t> target_argmax() const;
   // Appends the first `rows` rows of the last target call's taps to `taps`.
   void keep_taps(std::vector<float>& taps, int64_t rows);
 

@@ -1,13 +1,17 @@
 // dflash_runner: DFlash (or plain) greedy decoding of token ids over a directory of dflash-et programs.
 //
-//   dflash_runner --programs DIR --prompt-ids 1,2,3 [--ar] [--block-size B] [--max-new-tokens N] [--json]
+//   dflash_runner --programs DIR --prompt-ids 1,2,3 [--ar] [--block-size B] [--max-new-tokens N] [--json] [--threads N]
+//                 [--temperature T [--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S]]
 //   dflash_runner --programs DIR --serve     one request per stdin line, one JSON reply per line:
-//                                            "ar MAX_NEW IDS" or "dflash BLOCK MAX_NEW IDS" (IDS: 1,2,3)
+//                                            "ar MAX_NEW IDS [SAMPLING]" or "dflash BLOCK MAX_NEW IDS [SAMPLING]"
+//                                            (IDS: 1,2,3; SAMPLING: temperature=T top_p=P top_k=K proposals=P seed=S)
 //
 // Ids in, ids out: text stays on the Python side (`dflash generate --runner cpp`). Problems the user can
 // fix are one line on stderr and exit status 1 (2 for bad arguments).
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -19,10 +23,21 @@
 
 #include "decode.h"
 #include "llama_ops.h"
+#include "sampling.h"
+
+// The runtime's thread pool (libexecutorch_threadpool.so exports it; the wheel ships no threadpool.h).
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
 
 namespace {
 
 using dflash::Generation;
+using dflash::Sampling;
 using dflash::UserError;
 
 struct Args {
@@ -31,11 +46,14 @@ struct Args {
   bool ar = false, json = false, serve = false;
   int64_t block = 0;  // 0: the largest block the draft was exported for
   int64_t max_new_tokens = 128;
+  int64_t threads = 0;  // 0: the runtime's default, one per core
+  Sampling sampling;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR (--prompt-ids 1,2,3 [--ar] [--block-size B] "
-               "[--max-new-tokens N] [--json] | --serve)\n";
+               "[--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] [--top-k K] [--proposals argmax|sample] "
+               "[--seed S] | --serve)\n";
   std::exit(2);
 }
 
@@ -47,6 +65,39 @@ int64_t number(const std::string& text, const std::string& what) {
   } catch (const std::exception&) {
   }
   throw UserError(what + " must be an integer, got '" + text + "'");
+}
+
+double real(const std::string& text, const std::string& what) {
+  try {
+    size_t used = 0;
+    const double value = std::stod(text, &used);
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw UserError(what + " must be a number, got '" + text + "'");
+}
+
+// One sampling setting (`name` as the Python engine's Sampling field), checked as it checks them.
+void set(Sampling& s, const std::string& name, const std::string& value) {
+  if (name == "temperature") {
+    s.temperature = real(value, name);
+    if (!(s.temperature >= 0 && std::isfinite(s.temperature))) {
+      throw UserError("temperature must be 0 (greedy) or a positive number, got " + value);
+    }
+  } else if (name == "top_p") {
+    s.top_p = real(value, name);
+    if (!(s.top_p > 0 && s.top_p <= 1)) throw UserError("top_p must be in (0, 1], got " + value + "; 1 turns top-p off");
+  } else if (name == "top_k") {
+    s.top_k = number(value, name);
+    if (s.top_k < 0) throw UserError("top_k must be at least 1 (0: off), got " + value);
+  } else if (name == "proposals") {
+    if (value != "argmax" && value != "sample") throw UserError("proposals must be argmax or sample, got " + value);
+    s.sample_proposals = value == "sample";
+  } else if (name == "seed") {
+    s.seed = static_cast<uint64_t>(number(value, name));
+  } else {
+    throw UserError("unknown sampling setting " + name);
+  }
 }
 
 std::vector<int64_t> ids(const std::string& text) {
@@ -69,6 +120,13 @@ Args parse(int argc, char** argv) {
     else if (flag == "--prompt-ids") args.prompt = ids(value()), has_prompt = true;
     else if (flag == "--block-size") args.block = number(value(), "--block-size");
     else if (flag == "--max-new-tokens") args.max_new_tokens = number(value(), "--max-new-tokens");
+    else if (flag == "--threads") args.threads = number(value(), "--threads");
+    else if (flag == "--temperature" || flag == "--top-p" || flag == "--top-k" || flag == "--proposals" ||
+             flag == "--seed") {
+      std::string name = flag.substr(2);
+      std::replace(name.begin(), name.end(), '-', '_');
+      set(args.sampling, name, value());
+    }
     else if (flag == "--ar") args.ar = true;
     else if (flag == "--json") args.json = true;
     else if (flag == "--serve") args.serve = true;
@@ -76,6 +134,7 @@ Args parse(int argc, char** argv) {
   }
   if (args.programs.empty()) usage("--programs is required");
   if (has_prompt == args.serve) usage("give --prompt-ids, or --serve to read requests from stdin");
+  if (args.threads < 0) usage("--threads must be at least 1 (0: one per core)");
   return args;
 }
 
@@ -120,16 +179,21 @@ std::string quoted(const std::string& text) {
   return out + "\"";
 }
 
-Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_tokens, const std::vector<int64_t>& prompt) {
-  if (ar) return pair.ar(prompt, max_new_tokens);
-  return pair.dflash(prompt, max_new_tokens, block ? block : pair.limits().max_block);
+Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_tokens, const std::vector<int64_t>& prompt,
+               const Sampling& sampling) {
+  dflash::Sampler sampler(sampling);
+  if (ar) return pair.ar(prompt, max_new_tokens, sampler);
+  return pair.dflash(prompt, max_new_tokens, block ? block : pair.limits().max_block, sampler);
 }
 
 // --serve: the programs stay loaded (and their caches warm) across requests; a bad request gets an error reply.
 void serve(dflash::Pair& pair) {
   const auto& l = pair.limits();
-  std::cout << "{\"max_seq_len\": " << l.max_seq_len << ", \"max_block_size\": " << l.max_block
-            << ", \"peak_rss_kb\": " << peak_rss_kb() << "}" << std::endl;
+  std::cout << "{\"max_seq_len\": " << l.max_seq_len << ", \"max_block_size\": " << l.max_block;
+  if (const auto s = pair.recommended()) {
+    std::cout << ", \"temperature\": " << s->temperature << ", \"top_p\": " << s->top_p << ", \"top_k\": " << s->top_k;
+  }
+  std::cout << ", \"peak_rss_kb\": " << peak_rss_kb() << "}" << std::endl;
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);
     std::string mode, prompt;
@@ -138,9 +202,16 @@ void serve(dflash::Pair& pair) {
       in >> mode;
       if (mode == "dflash") in >> block;
       if (!(in >> max_new >> prompt) || (mode != "ar" && mode != "dflash")) {
-        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS' or 'dflash BLOCK MAX_NEW IDS'");
+        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS' or 'dflash BLOCK MAX_NEW IDS', "
+                        "then any of temperature=T top_p=P top_k=K proposals=argmax|sample seed=S");
       }
-      std::cout << to_json(run(pair, mode == "ar", block, max_new, ids(prompt))) << std::endl;
+      Sampling sampling;
+      for (std::string setting; in >> setting;) {
+        const size_t eq = setting.find('=');
+        if (eq == std::string::npos) throw UserError("bad sampling setting '" + setting + "'; write name=value");
+        set(sampling, setting.substr(0, eq), setting.substr(eq + 1));
+      }
+      std::cout << to_json(run(pair, mode == "ar", block, max_new, ids(prompt), sampling)) << std::endl;
     } catch (const UserError& e) {
       std::cout << "{\"error\": " << quoted(e.what()) << "}" << std::endl;
     }
@@ -154,12 +225,15 @@ int main(int argc, char** argv) {
   dflash::register_llama_ops();
   try {
     const Args args = parse(argc, argv);
+    if (args.threads) {  // before any program loads: XNNPACK takes the pool when a program is initialized
+      executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(args.threads);
+    }
     dflash::Pair pair(args.programs);
     if (args.serve) {
       serve(pair);
       return 0;
     }
-    const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, args.prompt);
+    const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, args.prompt, args.sampling);
     if (args.json) {
       std::cout << to_json(g) << std::endl;
     } else {

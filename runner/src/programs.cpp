@@ -94,6 +94,14 @@ std::vector<EValue> Pte::constant(const std::string& name) const {
   return values;
 }
 
+bool Pte::has(const std::string& name) const { return program_->method_meta(("get_" + name).c_str()).ok(); }
+
+double Pte::real(const std::string& name) const {
+  auto values = constant(name);
+  if (values.size() != 1 || !values[0].isDouble()) throw UserError(path_ + ": get_" + name + " is not one number");
+  return values[0].toDouble();
+}
+
 int64_t Pte::integer(const std::string& name) const {
   auto values = constant(name);
   if (values.size() != 1 || !values[0].isInt()) throw UserError(path_ + ": get_" + name + " is not one integer");

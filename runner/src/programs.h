@@ -39,7 +39,9 @@ class Pte {
 
   // A constant method's values (one per list element); `name` is the key without `get_`.
   std::vector<executorch::runtime::EValue> constant(const std::string& name) const;
+  bool has(const std::string& name) const;
   int64_t integer(const std::string& name) const;
+  double real(const std::string& name) const;
   std::vector<int64_t> integers(const std::string& name) const;
 
   // Runs forward on `inputs`; output(i) then stays valid until the next call.

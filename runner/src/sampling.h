@@ -1,0 +1,49 @@
+// Choosing tokens: greedy, or sampling with the speculative-sampling rule that keeps DFlash exact. The
+// same algorithm as dflash_et/runtime/sampling.py (temperature, then top-k, then top-p; a proposal x is
+// accepted with probability min(1, p(x) / q(x)), else the next token is drawn from normalize(max(0, p - q));
+// argmax proposals have q one-hot), with this runner's own seeded generator: a seed fixes the tokens of
+// the C++ runner, not the same tokens as the Python engine's (torch's generator).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+namespace dflash {
+
+struct Sampling {
+  double temperature = 0;  // 0: greedy (the other fields then do nothing)
+  double top_p = 1;
+  int64_t top_k = 0;       // 0: no top-k
+  bool sample_proposals = false;  // the draft's proposals at temperature > 0: sampled from it, or its argmax
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const Sampling& sampling);
+
+  // A token from one row of logits (plain decoding, and the token after prefill).
+  int64_t next_token(const float* logits, int64_t vocab);
+  // Proposals from the draft's logits [rows, vocab]; `q` gets the distributions they were drawn from
+  // (left empty for argmax proposals).
+  std::vector<int64_t> propose(const float* logits, int64_t rows, int64_t vocab, std::vector<float>& q);
+  // (accepted, next): how many proposals the target's logits [proposals + 1, vocab] accept, and the token after them.
+  std::pair<int64_t, int64_t> verify(const std::vector<int64_t>& proposals, const std::vector<float>& q,
+                                     const float* logits, int64_t vocab);
+
+ private:
+  void distribution(const float* logits, int64_t vocab, std::vector<float>& probs) const;
+  int64_t draw(const std::vector<float>& probs);
+  double uniform();
+
+  Sampling sampling_;
+  std::mt19937_64 generator_;
+  std::vector<float> p_, rest_;
+};
+
+// Row-wise argmax of [rows, vocab] floats, the first index on ties (as numpy and torch).
+std::vector<int64_t> argmax(const float* logits, int64_t rows, int64_t vocab);
+
+}  // namespace dflash

@@ -244,3 +244,14 @@ def mixed_programs(programs, trained_pair, tmp_path_factory) -> Path:
                                                                           prefill_chunk=PREFILL_CHUNK), out / "programs")
 
     return built_once(tmp_path_factory, "mixed", build) / "programs"
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory) -> Path:
+    """dflash_runner, built once per test run (by the first worker to ask) as `make runner` builds it."""
+    from filelock import FileLock
+
+    from dflash_et.runtime.cpp_runner import build_runner
+
+    with FileLock(str(tmp_path_factory.getbasetemp().parent / "runner-build.lock")):
+        return build_runner()

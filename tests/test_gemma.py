@@ -158,3 +158,20 @@ def test_gemma_programs_validate(gemma_programs):
     programs, target_dir, draft_dir = gemma_programs
     report = validate(programs, target_dir, draft_dir, validate_config(prompts=2, max_new_tokens=40))
     assert report["failures"] == [] and report["lossless"], report
+
+
+def test_cpp_runner_on_the_gemma_pair(gemma_programs, runner):
+    """The C++ runner through ring-buffer sliding layers (llama::custom_sdpa under an explicit mask, the ring
+    wrapping at window 4) and softcapped logits: the Python engine's tokens and rounds."""
+    from dflash_et.runtime.cpp_runner import CppEngine
+    from dflash_et.runtime.engine import Engine
+
+    programs, _, _ = gemma_programs
+    python = Engine(programs)
+    prompts = [[7, 3, 9, 12, 4, 30, 31, 2, 8, 8, 15], list(range(40, 70))]
+    theirs = [(python.ar(ids, 30), python.dflash(ids, 30, DRAFT_BLOCK)) for ids in prompts]
+    with CppEngine(programs, runner, threads=1) as cpp:
+        ours = [(cpp.ar(ids, 30), cpp.dflash(ids, 30, DRAFT_BLOCK)) for ids in prompts]
+    for (ar, dflash), (ar_py, dflash_py) in zip(ours, theirs):
+        assert ar.tokens == ar_py.tokens and dflash.tokens == dflash_py.tokens == ar_py.tokens
+        assert [r.accepted for r in dflash.rounds] == [r.accepted for r in dflash_py.rounds]

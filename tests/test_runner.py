@@ -1,5 +1,5 @@
 """The C++ runner (runner/): its kernels against ExecuTorch's own ops, its tokens against the Python
-engine's, its errors. It is built once per test run, as `make runner` builds it."""
+engine's, its errors. It is built once per test run, as `make runner` builds it (conftest's `runner`)."""
 
 import json
 import shutil
@@ -15,19 +15,11 @@ import torch
 from dflash_et import cli
 from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels, build_runner
+from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
 from tests.conftest import MAX_SEQ_LEN
-
-
-@pytest.fixture(scope="session")
-def runner(tmp_path_factory) -> Path:
-    from filelock import FileLock
-
-    with FileLock(str(tmp_path_factory.getbasetemp().parent / "runner-build.lock")):  # one build for all workers
-        return build_runner()
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -37,10 +29,10 @@ def kernels(runner):
     return LlamaKernels(runner.parent / "libdflash_llama_ops.so")
 
 
-def reference_sdpa(q, k, v, start, causal, scale):
+def reference_sdpa(q, k, v, start, causal, scale, mask=None):
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers torch.ops.llama)
 
-    return torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, causal, scale)
+    return torch.ops.llama.custom_sdpa(q, k, v, start, mask, 0.0, causal, scale)
 
 
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4)])  # (query heads, kv heads): GQA 4:1, and none
@@ -53,6 +45,22 @@ def test_custom_sdpa_matches_executorch(kernels, heads, head_dim, queries, start
     k, v = torch.randn(2, 1, MAX_SEQ_LEN, heads[1], head_dim)
     ours = kernels.custom_sdpa(q, k, v, start, causal, scale)
     torch.testing.assert_close(ours, reference_sdpa(q, k, v, start, causal, scale), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("start,queries", [(0, 1), (40, 16), (100, 5), (MAX_SEQ_LEN + 30, 4)])
+def test_custom_sdpa_with_a_sliding_window_mask(kernels, start, queries):
+    """Sliding-window layers pass an additive mask over the whole cache (and is_causal false); with a
+    ring-buffer cache, positions run past the cache's length."""
+    torch.manual_seed(start)
+    q = torch.randn(1, queries, 8, 64)
+    k, v = torch.randn(2, 1, MAX_SEQ_LEN, 2, 64)
+    rows, keys = torch.arange(start, start + queries)[:, None], torch.arange(MAX_SEQ_LEN)[None]
+    window = (keys <= rows) & (keys > rows - 7) if start < MAX_SEQ_LEN else (keys - rows) % 11 == 0  # ring slots
+    mask = torch.where(window, 0.0, float("-inf"))
+    expected = reference_sdpa(q, k, v, start, False, None, mask)
+    torch.testing.assert_close(kernels.custom_sdpa(q, k, v, start, False, None, mask), expected, atol=2e-5, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="custom_sdpa failed"):  # a mask and is_causal: refused, as ExecuTorch does
+        kernels.custom_sdpa(q, k, v, start, True, None, mask)
 
 
 def test_custom_sdpa_in_bfloat16(kernels):

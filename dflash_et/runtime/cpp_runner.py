@@ -140,8 +140,8 @@ class LlamaKernels:
         self.lib = ctypes.CDLL(str(library))
         sizes, pointer = ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p
         self.lib.dflash_update_cache.argtypes = [pointer, sizes, pointer, sizes, ctypes.c_int64, ctypes.c_int]
-        self.lib.dflash_custom_sdpa.argtypes = [pointer, sizes, pointer, pointer, sizes, ctypes.c_int64, ctypes.c_int,
-                                                ctypes.c_double, pointer, ctypes.c_int]
+        self.lib.dflash_custom_sdpa.argtypes = [pointer, sizes, pointer, pointer, sizes, pointer, ctypes.c_int64,
+                                                ctypes.c_int, ctypes.c_double, pointer, ctypes.c_int]
 
     @staticmethod
     def _sizes(t: torch.Tensor):
@@ -153,11 +153,11 @@ class LlamaKernels:
                                             start, self.DTYPES[value.dtype])
 
     def custom_sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, causal: bool,
-                    scale: float | None) -> torch.Tensor:
+                    scale: float | None, mask: torch.Tensor | None = None) -> torch.Tensor:
         out = torch.full_like(q, float("nan"))
         error = self.lib.dflash_custom_sdpa(q.data_ptr(), self._sizes(q), k.data_ptr(), v.data_ptr(), self._sizes(k),
-                                            start, int(causal), math.nan if scale is None else scale, out.data_ptr(),
-                                            self.DTYPES[q.dtype])
+                                            None if mask is None else mask.data_ptr(), start, int(causal),
+                                            math.nan if scale is None else scale, out.data_ptr(), self.DTYPES[q.dtype])
         if error:
             raise RuntimeError(f"llama::custom_sdpa failed with error {error:#x}")
         return out

@@ -46,13 +46,16 @@ extern "C" int dflash_update_cache(const void* value, const int64_t* value_sizes
   return call("llama::update_cache.out", {EValue(*v), EValue(*c), EValue(start_pos), EValue(*out), EValue(*out)});
 }
 
-// scale NaN: the kernel's default, 1/sqrt(D)
+// scale NaN: the kernel's default, 1/sqrt(D); mask null: none, else [Sq, S_max] in q's dtype
 extern "C" int dflash_custom_sdpa(const void* q, const int64_t* q_sizes, const void* k, const void* v,
-                                  const int64_t* kv_sizes, int64_t start_pos, int is_causal, double scale,
-                                  void* out, int dtype) {
+                                  const int64_t* kv_sizes, const void* mask, int64_t start_pos, int is_causal,
+                                  double scale, void* out, int dtype) {
   auto qt = tensor(q, q_sizes, dtype), kt = tensor(k, kv_sizes, dtype), vt = tensor(v, kv_sizes, dtype);
   auto ot = tensor(out, q_sizes, dtype);
-  return call("llama::custom_sdpa.out", {EValue(*qt), EValue(*kt), EValue(*vt), EValue(start_pos), EValue(),
+  auto mt = executorch::extension::from_blob(const_cast<void*>(mask), {int32_t(q_sizes[1]), int32_t(kv_sizes[1])},
+                                             static_cast<executorch::aten::ScalarType>(dtype));
+  return call("llama::custom_sdpa.out", {EValue(*qt), EValue(*kt), EValue(*vt), EValue(start_pos),
+                                         mask ? EValue(*mt) : EValue(),
                                          EValue(0.0), EValue(bool(is_causal)), std::isnan(scale) ? EValue() : EValue(scale),
                                          EValue(*ot), EValue(*ot)});
 }

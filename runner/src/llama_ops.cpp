@@ -5,7 +5,9 @@
 // - custom_sdpa(q [B,Sq,Hq,D], k, v [B,S_max,Hkv,D], start_pos, is_causal, scale): attention of each query
 //   over the keys [0, start_pos + Sq) (causal: query m over [0, start_pos + m]); query head h reads kv head
 //   h / (Hq / Hkv) (grouped-query attention); scale defaults to 1/sqrt(D). Rollback needs nothing here:
-//   keys past start_pos + Sq are never read, so a later call overwrites rejected positions.
+//   keys past start_pos + Sq are never read, so a later call overwrites rejected positions. With an
+//   additive attn_mask [Sq, S_max] (sliding-window layers), every query attends over all S_max rows
+//   under the mask instead, is_causal must be false, and start_pos may pass S_max (a ring-buffer cache).
 #include "llama_ops.h"
 
 #include <algorithm>
@@ -68,10 +70,10 @@ constexpr int64_t kRowBlock = 16;  // query rows (of one kv head's group) per ta
 // so each K and V row is read once for every query head that shares it. Scores are tiled: a tile of K
 // is transposed so that the inner loop runs over keys, which the compiler vectorizes without horizontal sums.
 template <typename T>
-void attend(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int64_t start, bool causal, float scale,
-            int64_t b, int64_t kv, int64_t first, int64_t rows) {
+void attend(const Tensor& q, const Tensor& k, const Tensor& v, const T* mask, Tensor& out, int64_t start, bool causal,
+            float scale, int64_t b, int64_t kv, int64_t first, int64_t rows) {
   const int64_t sq = q.size(1), hq = q.size(2), d = q.size(3), s_max = k.size(1), hkv = k.size(2);
-  const int64_t group = hq / hkv, keys = start + sq;
+  const int64_t group = hq / hkv, keys = mask ? s_max : start + sq;
   const T* kp = k.const_data_ptr<T>() + (b * s_max * hkv + kv) * d;  // key j at kp + j * hkv * d
   const T* vp = v.const_data_ptr<T>() + (b * s_max * hkv + kv) * d;
   std::vector<float> query(rows * d), scores(rows * keys), tile(d * kKeyBlock, 0.f), acc(d);
@@ -98,6 +100,10 @@ void attend(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, int6
         for (int64_t j = 0; j < kKeyBlock; ++j) dots[j] += qi * t[j];
       }
       std::copy(dots, dots + n, &scores[r * keys + j0]);
+      if (mask) {
+        const T* m = mask + (first + r) / group * keys + j0;
+        for (int64_t j = 0; j < n; ++j) scores[r * keys + j0 + j] += static_cast<float>(m[j]);
+      }
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -126,15 +132,21 @@ void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   const int64_t start = stack[3]->toInt();
   const bool causal = stack[6]->toBool();
   Tensor& out = stack[8]->toTensor();
-  if (!check(ctx, stack[4]->isNone(), op, "attn_mask is not supported by dflash_runner's kernel") ||
-      !check(ctx, stack[5]->toDouble() == 0.0, op, "dropout is not supported") ||
+  const bool masked = !stack[4]->isNone();
+  if (!check(ctx, stack[5]->toDouble() == 0.0, op, "dropout is not supported") ||
+      !check(ctx, !(masked && causal), op, "attn_mask and is_causal cannot both be set") ||
+      !check(ctx, !masked || (stack[4]->toTensor().dim() == 2 && stack[4]->toTensor().size(0) == q.size(1) &&
+                              stack[4]->toTensor().size(1) == k.size(1) &&
+                              stack[4]->toTensor().scalar_type() == q.scalar_type() &&
+                              executorch::runtime::tensor_is_contiguous(stack[4]->toTensor())),
+             op, "attn_mask must be [queries, cache length], contiguous, in q's dtype") ||
       !check(ctx, q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, "q, k and v must be [B, S, H, D]") ||
       !check(ctx, k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(3) == k.size(3), op,
              "q, k and v differ in batch or head size") ||
       !check(ctx, k.size(2) > 0 && q.size(2) % k.size(2) == 0, op, "query heads must be a multiple of kv heads") ||
       !check(ctx, q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), op,
              "q, k and v differ in dtype") ||
-      !check(ctx, start >= 0 && start + q.size(1) <= k.size(1), op, "reads past the cache's end") ||
+      !check(ctx, masked || (start >= 0 && start + q.size(1) <= k.size(1)), op, "reads past the cache's end") ||
       !check(ctx, executorch::runtime::tensor_is_contiguous(q) && executorch::runtime::tensor_is_contiguous(k) &&
                       executorch::runtime::tensor_is_contiguous(v), op, "q, k and v must be contiguous") ||
       !check(ctx, executorch::runtime::resize_tensor(out, q.sizes()) == Error::Ok, op, "cannot resize out")) {
@@ -151,7 +163,8 @@ void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / (k.size(2) * blocks), kv = task / blocks % k.size(2), block = task % blocks;
         const int64_t first = block * kRowBlock;
-        attend<T>(q, k, v, out, start, causal, scale, b, kv, first, std::min(kRowBlock, group_rows - first));
+        const T* mask = masked ? stack[4]->toTensor().const_data_ptr<T>() : nullptr;
+        attend<T>(q, k, v, mask, out, start, causal, scale, b, kv, first, std::min(kRowBlock, group_rows - first));
       }
     });
   };

@@ -140,6 +140,10 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
             cpp.dflash(prompts[0], 8, 40)
         with pytest.raises(UserError, match=r"the C\+\+ runner runs fixed blocks"):
             cpp.dflash(prompts[0], 8, "auto")
+        with pytest.raises(UserError, match="bad request 'dflash x'; send 'ar MAX_NEW IDS'"):
+            cpp._request("dflash x", None)
+        with pytest.raises(UserError, match="unknown sampling setting warmth"):
+            cpp._request("ar 4 1,2 warmth=2", None)
         assert cpp.ar(prompts[0], 4).tokens == python.ar(prompts[0], 4).tokens  # still serving after bad requests
 
 
@@ -214,8 +218,22 @@ def test_runner_bad_inputs_are_one_line_errors(runner, programs, shared_programs
     assert_one_line_error(run_binary(runner, programs, "--prompt-ids", too_long), "shorten the prompt")
     assert_one_line_error(run_binary(runner, programs, *prompt, "--block-size", "99"), "block size 99 is outside 2..")
     assert_one_line_error(run_binary(runner, programs, "--prompt-ids", "1,x"), "each prompt id must be an integer")
-    bad = run_binary(runner, programs, *prompt, "--bogus")
-    assert bad.returncode == 2 and "unknown argument --bogus" in bad.stderr
+    assert_one_line_error(run_binary(runner, programs, "--prompt-ids", ""), "the prompt is empty")
+    assert_one_line_error(run_binary(runner, programs, "--prompt-ids", "1,999999"),
+                          "prompt token 999999 is outside the vocabulary")
+    assert_one_line_error(run_binary(runner, programs, *prompt, "--max-new-tokens", "0"),
+                          "max_new_tokens must be at least 1, got 0")
+    for flag, value, message in (("--temperature", "-1", "temperature must be 0 (greedy) or a positive number"),
+                                 ("--top-p", "2", "top_p must be in (0, 1]"), ("--top-k", "-3", "top_k must be"),
+                                 ("--proposals", "best", "proposals must be argmax or sample")):
+        assert_one_line_error(run_binary(runner, programs, *prompt, flag, value), message)
+    bad_weights = tmp_path / "bad-ptd"
+    shutil.copytree(shared_programs, bad_weights)
+    (bad_weights / "shared.ptd").write_bytes((shared_programs / "shared.ptd").read_bytes()[:1000])
+    assert_one_line_error(run_binary(runner, bad_weights, *prompt), "shared.ptd is not a readable weights file")
+    for args, message in ((("--bogus",), "unknown argument --bogus"), (("--threads", "-1"), "--threads must be at least 1")):
+        bad = run_binary(runner, programs, *prompt, *args)
+        assert bad.returncode == 2 and message in bad.stderr
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
@@ -251,3 +269,25 @@ def test_bench_with_the_cpp_runner(programs, runner):
         run_bench(programs, "auto", BenchConfig(runner="cpp"))
     with pytest.raises(ValueError, match="bench.runner must be one of python, cpp, got 'java'"):
         run_bench(programs, 4, BenchConfig(runner="java"))
+    with pytest.raises(ValueError, match=r"block_size 99 is outside 2\.\.\d+, .*; use at most \d+$"):  # no auto here
+        run_bench(programs, 99, BenchConfig(runner="cpp"))
+
+
+def test_building_and_finding_the_runner_fail_in_one_line(programs, tmp_path, monkeypatch):
+    """What `make runner` and `--runner cpp` say when the runner cannot be built or was not."""
+    from dflash_et.runtime import cpp_runner
+
+    with pytest.raises(UserError, match=r"the C\+\+ runner is not built .*; run `make runner`"):
+        CppEngine(programs, tmp_path / "dflash_runner")
+    monkeypatch.setattr(cpp_runner, "SOURCES", tmp_path / "nowhere")
+    with pytest.raises(UserError, match="the runner's sources are not in .*nowhere; build it from a clone"):
+        cpp_runner.build_runner(tmp_path / "build")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.19)\nproject(broken CXX)\nthis_is_not_cmake()\n")
+    monkeypatch.setattr(cpp_runner, "SOURCES", broken)
+    with pytest.raises(UserError, match=r"building the C\+\+ runner failed \(`cmake -S`\); its output is in .*build.log"):
+        cpp_runner.build_runner(tmp_path / "build")
+    monkeypatch.setattr(cpp_runner.shutil, "which", lambda name: None)
+    with pytest.raises(UserError, match="cmake is not installed; the C.. runner needs cmake >= 3.19"):
+        cpp_runner.build_runner(tmp_path / "build")

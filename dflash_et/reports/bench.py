@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dflash_et.runtime.adaptive import AUTO, CostCurve
-from dflash_et.runtime.cpp_runner import RUNNERS, CppEngine, build_runner
+from dflash_et.runtime.cpp_runner import RUNNERS, CppEngine
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.generate import Generation, pooled_tau
 from dflash_et.runtime.programs import missing_backend
@@ -41,7 +41,7 @@ class BenchConfig:
     top_k: int | None = None
     proposals: str = "argmax"   # argmax | sample (temperature > 0)
     seed: int = 0
-    runner: str = "python"      # python | cpp: the host loop that decodes (cpp: greedy, fixed blocks)
+    runner: str = "python"      # python | cpp: the host loop that decodes (cpp: fixed blocks; `make runner` builds it)
 
     def sampling(self) -> Sampling | None:
         """The explicit sampling settings (checked), or None for the programs' recommended ones."""
@@ -95,13 +95,12 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     skipped = missing_backend(programs_dir)
     if skipped:
         return {"block_size": block_size, "skipped": skipped}, {name: [] for name in PLOT_COLUMNS}, None
-    engine = Engine(programs_dir)
-    headline = str(engine.check_block_size(block_size))
-    settings = settings or engine.recommended(proposals=config.proposals, seed=config.seed)
-    fixed, too_large = _blocks(config, block_size, engine.max_block_size)
+    decoder = CppEngine(programs_dir) if cpp else Engine(programs_dir)  # the programs, loaded once
+    headline = str(decoder.check_block_size(block_size))
+    settings = settings or decoder.recommended(proposals=config.proposals, seed=config.seed)
+    fixed, too_large = _blocks(config, block_size, decoder.max_block_size)
     modes = {str(b): b for b in fixed} | ({} if cpp else {AUTO: AUTO})
-    curve = None if cpp else engine.cost_curve(config.latency_repeats)  # auto's input
-    decoder = CppEngine(programs_dir, build_runner()) if cpp else engine
+    curve = None if cpp else decoder.cost_curve(config.latency_repeats)  # auto's input
 
     def sampler(run: int) -> Sampler:
         return Sampler(replace(settings, seed=settings.seed + run))
@@ -141,7 +140,7 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     def choices(category: str) -> dict[str, int]:
         """How auto's rounds spread: plain steps (no draft call), and drafted rounds by proposals verified."""
         count = Counter("plain" if r.drafted == 0 else str(r.proposed) for g in pooled(AUTO, category) for r in g.rounds)
-        return {k: count[k] for k in ["plain", *map(str, range(engine.max_block_size))] if count[k]}
+        return {k: count[k] for k in ["plain", *map(str, range(decoder.max_block_size))] if count[k]}
 
     def spread(mode: str, category: str | None = None) -> list[float]:
         """The lowest and highest speedup of one repeat: the run's own noise, to judge differences by."""
@@ -173,7 +172,7 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         "ar_ms_per_token": _ms([r.total_s for r in ar_rounds]),
         **({"lossless": lossless} if settings.greedy else {}),
         "prompts": len(rows), "repeats": config.repeats, "rounds": len(rounds),
-        "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(engine.max_block_size)},
+        "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(decoder.max_block_size)},
         "tau_by_category": {c: pooled_tau(pooled(headline, c)) for c in categories},
         "speedup_by_category": {c: speedup(headline, c) for c in categories},
         "speedup_by_block": {str(b): speedup(str(b)) for b in fixed},
@@ -186,7 +185,7 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     if curve:  # auto ran (the Python runner)
         start, end = curve.positions[0], curve.positions[-1]
         metrics |= {
-            "verify_cost_ratio": curve.target(engine.max_block_size, start) / curve.target(1, start),
+            "verify_cost_ratio": curve.target(decoder.max_block_size, start) / curve.target(1, start),
             "speedup_auto": speedup(AUTO),
             "tau_auto": pooled_tau(pooled(AUTO)),
             "mean_verify_tokens_auto": mean_verify_tokens(),
@@ -196,12 +195,12 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
             "auto_rounds_by_category": {c: choices(c) for c in categories},
         }
     plots = {
-        "acceptance": [{"accepted": k, "rounds": histogram.get(k, 0)} for k in range(engine.max_block_size)],
+        "acceptance": [{"accepted": k, "rounds": histogram.get(k, 0)} for k in range(decoder.max_block_size)],
         "speedup_by_block": [{"block": mode, "speedup": speedup(mode)} for mode in modes],
         "cost_curve": [{"tokens": t, "target_ms_start": curve.target(t, start),
                         "draft_ms_start": curve.draft(t, start) if t > 1 else 0.0,
                         "target_ms_end": curve.target(t, end), "draft_ms_end": curve.draft(t, end) if t > 1 else 0.0}
-                       for t in range(1, engine.max_block_size + 1)] if curve else [],
+                       for t in range(1, decoder.max_block_size + 1)] if curve else [],
         "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": _throughput(pooled(mode, c))}
                          for c in categories for mode in runs],
     }

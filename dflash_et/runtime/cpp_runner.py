@@ -21,7 +21,7 @@ import torch
 from dflash_et.errors import ProgramError, UserError
 from dflash_et.runtime.adaptive import AUTO
 from dflash_et.runtime.generate import Generation, OnTokens, Round
-from dflash_et.runtime.engine import recommended
+from dflash_et.runtime.engine import check_block_size, recommended
 from dflash_et.runtime.sampling import Sampler, Sampling
 
 RUNNERS = ("python", "cpp")  # the host loops: dflash_et.runtime (engine.py) and dflash_runner (this module)
@@ -40,12 +40,14 @@ def build_runner(build_dir: Path = BUILD) -> Path:
         raise UserError("cmake is not installed; the C++ runner needs cmake >= 3.19 and a C++17 compiler "
                         "(Debian: apt install cmake g++)")
     build_dir.mkdir(parents=True, exist_ok=True)
-    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists() else []
+    commands = [["cmake", "--build", str(build_dir)]]  # reconfigures by itself when CMakeLists.txt changes
+    if not (build_dir / "CMakeCache.txt").exists():
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), *generator,
+                            f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}"])
     log = build_dir / "build.log"
     with log.open("w") as out:
-        for command in (["cmake", "-S", str(SOURCES), "-B", str(build_dir), *generator,
-                         f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}"],
-                        ["cmake", "--build", str(build_dir)]):
+        for command in commands:
             if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
                 raise UserError(f"building the C++ runner failed (`{' '.join(command[:2])}`); its output is in {log}")
     return build_dir / "dflash_runner"
@@ -90,6 +92,17 @@ class CppEngine:
         on_tokens and on_tokens(out["tokens"])  # all at once: the runner replies when the generation is done
         return Generation(out["tokens"], out["prefill_s"], [Round(**r) for r in out["rounds"]])
 
+    @staticmethod
+    def _fixed(block_size: int | str) -> int:
+        if block_size == AUTO:
+            raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine); "
+                            "give a block size, or use --runner python")
+        return int(block_size)
+
+    def check_block_size(self, block_size: int | str) -> int:
+        """Checked before any decoding (the bench's blocks); `dflash` leaves the range to the runner."""
+        return check_block_size(self._fixed(block_size), self.max_block_size, "draft.pte", auto=False)
+
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
         return recommended(self.meta, self.programs_dir / "target.pte", **overrides)
@@ -111,10 +124,7 @@ class CppEngine:
     def dflash(self, prompt: list[int], max_new_tokens: int, block_size: int | str | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
         """DFlash at a fixed block (default: the largest draft.pte takes), greedy unless a sampler says otherwise."""
-        if block_size == AUTO:
-            raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine); "
-                            "give a block size, or use --runner python")
-        block = int(block_size or self.max_block_size)
+        block = self._fixed(block_size or self.max_block_size)
         return self._request(f"dflash {block} {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}",
                              on_tokens)
 

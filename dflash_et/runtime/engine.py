@@ -17,6 +17,21 @@ from dflash_et.runtime.sampling import Sampler, Sampling
 BlockSize = int | str  # a number of tokens (last token + proposals), or "auto"
 
 
+def check_block_size(block_size: BlockSize, max_block_size: int, draft_name: str, auto: bool = True) -> BlockSize:
+    """`block_size` as a number the draft takes (2..max_block_size), or auto; `auto`: whether the runner
+    that asks can run auto, so that the advice names it only then."""
+    if block_size == AUTO:
+        return block_size
+    if isinstance(block_size, str) and not block_size.isdigit():
+        raise ValueError(f"block_size must be a number of tokens or auto, got {block_size!r}")
+    block_size = int(block_size)
+    if not 2 <= block_size <= max_block_size:
+        raise ValueError(f"block_size {block_size} is outside 2..{max_block_size}, the blocks {draft_name} was "
+                         "exported for (the draft's trained block unless export.max_block_size says otherwise); "
+                         f"use {'block_size auto, or ' if auto else ''}at most {max_block_size}")
+    return block_size
+
+
 def recommended(meta: dict, target_pte: Path, **overrides) -> Sampling:
     """The recommended sampling settings in target.pte's metadata `meta`, `overrides` on top."""
     if "temperature" not in meta:
@@ -39,16 +54,7 @@ class Engine:
         self._planner: AdaptivePlanner | None = None
 
     def check_block_size(self, block_size: BlockSize) -> BlockSize:
-        if block_size == AUTO:
-            return block_size
-        if isinstance(block_size, str) and not block_size.isdigit():
-            raise ValueError(f"block_size must be a number of tokens or auto, got {block_size!r}")
-        block_size = int(block_size)
-        if not 2 <= block_size <= self.max_block_size:
-            raise ValueError(f"block_size {block_size} is outside 2..{self.max_block_size}, the blocks "
-                             f"{self.draft.path.name} was exported for (the draft's trained block unless "
-                             f"export.max_block_size says otherwise); use block_size auto, or at most {self.max_block_size}")
-        return block_size
+        return check_block_size(block_size, self.max_block_size, self.draft.path.name)
 
     def cost_curve(self, repeats: int = 5) -> CostCurve:
         """This device's cost per program call: the one the engine was given, or measured now (once)."""

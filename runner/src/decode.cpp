@@ -1,7 +1,5 @@
 #include "decode.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -18,11 +16,6 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool exists(const std::string& path) {
-  struct stat info {};
-  return stat(path.c_str(), &info) == 0;
-}
-
 std::vector<int64_t> positions(int64_t start, int64_t length) {
   std::vector<int64_t> out(length);
   std::iota(out.begin(), out.end(), start);
@@ -33,7 +26,7 @@ std::vector<int64_t> positions(int64_t start, int64_t length) {
 
 Pair::Pair(const std::string& dir) {
   const std::string ptd = dir + "/shared.ptd";
-  if (exists(ptd)) weights_ = std::make_unique<SharedWeights>(ptd);
+  if (is_file(ptd)) weights_ = std::make_unique<SharedWeights>(ptd);
   target_ = std::make_unique<Pte>(dir + "/target.pte", weights_.get());
   draft_ = std::make_unique<Pte>(dir + "/draft.pte", weights_.get());
   if (draft_->integer("target_checkpoint_id") != target_->integer("checkpoint_id") ||
@@ -84,13 +77,13 @@ void Pair::keep_taps(std::vector<float>& taps, int64_t rows) {
   taps.insert(taps.end(), h, h + rows * taps_width_);
 }
 
-int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds,
+int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>* taps, double& seconds,
                       Sampler& sampler) {
   const double t0 = now();
   for (size_t i = 0; i < prompt.size(); i += limits_.chunk) {
     const size_t end = std::min(prompt.size(), i + limits_.chunk);
     target({prompt.begin() + i, prompt.begin() + end}, i);
-    keep_taps(taps, end - i);
+    if (taps) keep_taps(*taps, end - i);
   }
   const auto& logits = target_->output(0);
   const int64_t first = sampler.next_token(logits.const_data_ptr<float>() + (logits.size(1) - 1) * logits.size(2),
@@ -102,8 +95,7 @@ int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>& ta
 Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler) {
   check(prompt, max_new_tokens);
   Generation out;
-  std::vector<float> taps;
-  out.tokens.push_back(prefill(prompt, taps, out.prefill_s, sampler));
+  out.tokens.push_back(prefill(prompt, nullptr, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   while (static_cast<int64_t>(out.tokens.size()) < max_new_tokens && !limits_.eos_ids.count(out.tokens.back()) &&
          pos < limits_.max_seq_len) {
@@ -128,7 +120,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
   int64_t unseen_start = 0;
-  out.tokens.push_back(prefill(prompt, unseen, out.prefill_s, sampler));
+  out.tokens.push_back(prefill(prompt, &unseen, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   bool done = limits_.eos_ids.count(out.tokens.back()) > 0;
   std::vector<int64_t> block_ids, context;

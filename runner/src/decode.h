@@ -47,8 +47,9 @@ class Pair {
 
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
-  // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`.
-  int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>& taps, double& seconds, Sampler& sampler);
+  // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`
+  // (null: plain decoding, which feeds no draft).
+  int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>* taps, double& seconds, Sampler& sampler);
   // The target on `tokens` at positions pos..; its outputs stay readable until the next call.
   void target(std::vector<int64_t> tokens, int64_t pos);
   // Appends the first `rows` rows of the last target call's taps to `taps`.

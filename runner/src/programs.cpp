@@ -14,10 +14,7 @@ using executorch::runtime::EValue;
 std::string name_of(Error e) { return executorch::runtime::to_string(e); }
 
 std::unique_ptr<MmapDataLoader> open(const std::string& path, const std::string& missing_hint) {
-  struct stat info {};
-  if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) {
-    throw UserError(path + " does not exist; " + missing_hint);
-  }
+  if (!is_file(path)) throw UserError(path + " does not exist; " + missing_hint);
   auto loader = MmapDataLoader::from(path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
   if (!loader.ok()) {
     throw UserError(path + " cannot be read (" + name_of(loader.error()) + "); check its permissions");
@@ -26,6 +23,11 @@ std::unique_ptr<MmapDataLoader> open(const std::string& path, const std::string&
 }
 
 }  // namespace
+
+bool is_file(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
 
 SharedWeights::SharedWeights(const std::string& path) {
   loader_ = open(path, "the programs keep their weights there (export.shared_weights): rebuild or pull them");

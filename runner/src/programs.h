@@ -19,6 +19,8 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+bool is_file(const std::string& path);
+
 // shared.ptd: the weights both programs read, loaded once and handed to both.
 class SharedWeights {
  public:

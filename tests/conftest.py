@@ -86,30 +86,46 @@ GEMMA_SHAPE = dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1
                    hidden_size_per_layer_input=0, sliding_window=4, final_logit_softcapping=30.0,
                    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
                                 "sliding_attention", "full_attention"], num_hidden_layers=6)
+# Qwen3.5's layout in small: DeltaNet layers with twice the value heads of key heads and key dim != value
+# dim, gated full-attention layers with partial rotary (a quarter of head_dim 32)
+QWEN3_5_SHAPE = dict(head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=24, linear_conv_kernel_dim=4, full_attention_interval=2,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
 
 
 def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides) -> Path:
-    """A random-weight Hugging Face checkpoint of `family` (qwen3, llama, gemma4_text, or gemma4: Gemma 4's
-    multimodal wrapper, text only), saved by transformers. Norm weights and Gemma's layer scalars are
-    randomized too: left at their initial ones, a model that skips or swaps them would still match."""
+    """A random-weight Hugging Face checkpoint of `family` (qwen3, llama, gemma4_text, gemma4: Gemma 4's
+    multimodal wrapper, qwen3_5_text: Qwen3.5's hybrid text model, or qwen3_5: its multimodal wrapper with
+    a tiny vision tower), saved by transformers. Norm weights, Gemma's layer scalars and the DeltaNet
+    layers' time-step biases are randomized too: left at their initial values, a model that skips or
+    swaps them would still match."""
     import torch
     from transformers import (Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig,
-                              LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              LlamaConfig, LlamaForCausalLM, Qwen3_5Config, Qwen3_5ForCausalLM,
+                              Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM)
 
     shape = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.1)
     if family.startswith("gemma4"):
         shape |= GEMMA_SHAPE
-    config = {"qwen3": Qwen3Config, "llama": LlamaConfig}.get(family, Gemma4TextConfig)(**{**shape, **overrides})
+    if family.startswith("qwen3_5"):
+        shape |= QWEN3_5_SHAPE
+    configs = {"qwen3": Qwen3Config, "llama": LlamaConfig, "qwen3_5_text": Qwen3_5TextConfig, "qwen3_5": Qwen3_5TextConfig}
+    config = configs.get(family, Gemma4TextConfig)(**{**shape, **overrides})
     model_cls = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM, "gemma4_text": Gemma4ForCausalLM,
-                 "gemma4": Gemma4ForConditionalGeneration}[family]
+                 "gemma4": Gemma4ForConditionalGeneration, "qwen3_5_text": Qwen3_5ForCausalLM,
+                 "qwen3_5": Qwen3_5ForConditionalGeneration}[family]
     if family == "gemma4":
         config = Gemma4Config(text_config=config.to_dict(), vision_config=None, audio_config=None)
+    if family == "qwen3_5":
+        config = Qwen3_5Config(text_config=config.to_dict(), vision_config=dict(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=config.hidden_size),
+            tie_word_embeddings=config.tie_word_embeddings)
     torch.manual_seed(0)
     model = model_cls(config).eval()
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if name.endswith(("norm.weight", "layer_scalar")):
+            if name.endswith(("norm.weight", "layer_scalar", "dt_bias")):
                 t.copy_(torch.empty_like(t).uniform_(0.5, 1.5))
     model.save_pretrained(path, max_shard_size="100KB" if shard else "5GB")
     return path

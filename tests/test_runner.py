@@ -94,6 +94,44 @@ def test_update_cache_and_rollback(kernels):
     assert torch.all(ours[0, 30:] == 1e4)
 
 
+def gated_delta_inputs(batch, query_heads, heads, tokens, dk, dv, channelwise):
+    """Inputs of llama::gated_delta_rule as a Gated DeltaNet layer makes them: unit-norm queries and keys
+    (the layer L2-normalizes them), decays (already exponentiated) and betas in (0, 1)."""
+    def unit(*shape):
+        return torch.nn.functional.normalize(torch.randn(*shape), dim=-1)
+
+    return (unit(batch, query_heads, tokens, dk), unit(batch, heads, tokens, dk), torch.randn(batch, heads, tokens, dv),
+            torch.rand(batch, heads, tokens, *([dk] if channelwise else [])),
+            torch.sigmoid(torch.randn(batch, heads, tokens)), torch.randn(batch, heads, dk, dv))
+
+
+@pytest.mark.parametrize("channelwise", [False, True])  # decay [B,H,T] (Qwen3.5) or [B,H,T,Dk]
+@pytest.mark.parametrize("tokens", [1, 35])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)])  # (query heads, state heads): grouped, and not
+def test_gated_delta_rule_matches_executorch(kernels, channelwise, tokens, heads):
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+    torch.manual_seed(tokens + heads[0])
+    inputs = gated_delta_inputs(2, *heads, tokens, 16, 24, channelwise)
+    before = inputs[-1].clone()
+    output, final_state = kernels.gated_delta_rule(*inputs)
+    expected_output, expected_state = torch.ops.llama.gated_delta_rule(*inputs)
+    torch.testing.assert_close(output, expected_output, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(final_state, expected_state, atol=1e-4, rtol=1e-4)
+    assert torch.equal(inputs[-1], before)  # initial_state is an input: left as it is
+
+
+def test_gated_delta_rule_refuses_bad_inputs(kernels):
+    inputs = gated_delta_inputs(1, 4, 2, 3, 8, 8, channelwise=False)
+    for i in range(len(inputs)):  # any input not float32
+        bad = list(inputs)
+        bad[i] = bad[i].to(torch.bfloat16)
+        with pytest.raises(RuntimeError, match="gated_delta_rule failed with error 0x12"):  # InvalidArgument
+            kernels.gated_delta_rule(*bad)
+    with pytest.raises(RuntimeError, match="gated_delta_rule failed with error 0x12"):  # 3 query heads on 2 state heads
+        kernels.gated_delta_rule(*gated_delta_inputs(1, 3, 2, 3, 8, 8, channelwise=False))
+
+
 # ----------------------------------------------------------------------------------------- the loop
 
 

@@ -1,4 +1,4 @@
-"""The built-in tiny targets (Qwen3 or Gemma 4 architecture) and a z-lab-layout DFlash draft.
+"""The built-in tiny targets (Qwen3, Gemma 4 or Qwen3.5 architecture) and a z-lab-layout DFlash draft.
 
 Model hubs are not always reachable (CI, air-gapped build hosts), yet every stage must run
 end to end. So the project writes its own pair, deterministically (fixed seeds, fixed
@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig, PreTrainedModel,
-                          PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM)
+                          PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 from dflash_et.checkpoints import zlab
 from dflash_et.data.corpus import samples
@@ -60,7 +61,14 @@ GEMMA_SHAPE = dict(
     layer_types=["sliding_attention"] * 5 + ["full_attention"], hidden_size_per_layer_input=0,
     final_logit_softcapping=30.0, max_position_embeddings=4096, rms_norm_eps=1e-6,
 )
-FAMILIES = ("qwen3", "gemma4")
+# Qwen3.5 (hybrid) in small: three Gated DeltaNet layers to one gated full-attention layer, twice as many
+# value heads as key heads, partial rotary (a quarter of the head), zero-centred norms, as Qwen3.5-4B.
+QWEN3_5_SHAPE = dict(
+    hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_conv_kernel_dim=4, full_attention_interval=4, max_position_embeddings=4096, rms_norm_eps=1e-6,
+)
+FAMILIES = ("qwen3", "gemma4", "qwen3_5")
 
 
 def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_END, pad: str = ENDOFTEXT,
@@ -92,6 +100,15 @@ def _new_target(family: str, shape: dict | None) -> tuple[PreTrainedModel, PreTr
                                   bos_token_id=ids["<bos>"], eos_token_id=eos, dtype="float32",
                                   **{**GEMMA_SHAPE, **(shape or {})})
         model_cls = Gemma4ForCausalLM
+    elif family == "qwen3_5":
+        tokenizer = build_tokenizer()
+        eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
+        config = Qwen3_5TextConfig(
+            vocab_size=VOCAB_SIZE, tie_word_embeddings=True, pad_token_id=eos[1], bos_token_id=eos[1],
+            eos_token_id=eos[0], dtype="float32",
+            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+            **{**QWEN3_5_SHAPE, **(shape or {})})
+        model_cls = Qwen3_5ForCausalLM
     else:
         tokenizer = build_tokenizer()
         eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
@@ -107,12 +124,13 @@ def _new_target(family: str, shape: dict | None) -> tuple[PreTrainedModel, PreTr
 # What the real families' generation_config.json recommend (Qwen3 with thinking off, as the built-in
 # chats are; Gemma 4), so the built-in targets carry sampling settings as real checkpoints do
 RECOMMENDED_SAMPLING = {"qwen3": dict(temperature=0.7, top_p=0.8, top_k=20),
-                        "gemma4": dict(temperature=1.0, top_p=0.95, top_k=64)}
+                        "gemma4": dict(temperature=1.0, top_p=0.95, top_k=64),
+                        "qwen3_5": dict(temperature=0.7, top_p=0.8, top_k=20)}
 
 
 def write_target(out: Path, trained: bool = True, shape: dict | None = None, training: dict | None = None,
                  family: str = "qwen3") -> None:
-    """Write a built-in target of `family` (qwen3 or gemma4): config, generation config, safetensors, tokenizer.
+    """Write a built-in target of `family` (see FAMILIES): config, generation config, safetensors, tokenizer.
 
     `trained`: the default built-in target is a small LM trained here on the project's corpus, so
     its greedy replies follow the corpus and a draft can learn them; untrained, it is random
@@ -122,7 +140,7 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
     model, tokenizer, eos = _new_target(family, shape)
     if trained:
         train_target(model, tokenizer, {**TARGET_TRAINING, **(training or {})})
-    pad = model.config.bos_token_id if family == "qwen3" else model.config.pad_token_id
+    pad = model.config.bos_token_id if family != "gemma4" else model.config.pad_token_id
     model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad,
                                                do_sample=True, **RECOMMENDED_SAMPLING[family])
     model.save_pretrained(out)

@@ -80,13 +80,14 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
 
 def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int, cache: str = "dense",
               dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None,
-              ring_call: int | None = None, target_only: tuple[str, ...] | None = None,
+              ring_call: int | None = None, target_only: tuple[str, ...] | None = None, verify_call: int | None = None,
               ) -> tuple[Target, Draft, zlab.DraftSettings]:
     """Both models of a checked pair, the target tapping the layers the draft reads; `cache` is the
     attention backend (`dense` to run eagerly, the backend's ops to export), `dtype` the weights', and
-    `prepare`, `ring_call`, `target_only` as in load.load_target."""
+    `prepare`, `ring_call`, `target_only`, `verify_call` as in load.load_target."""
     check_target(target_dir)
     check_pair(target_dir, draft_dir)
     settings = zlab.draft_settings(load_config(draft_dir))
-    target = load_target(target_dir, settings.target_layer_ids, max_seq_len, cache, dtype, prepare, ring_call, target_only)
+    target = load_target(target_dir, settings.target_layer_ids, max_seq_len, cache, dtype, prepare, ring_call, target_only,
+                         verify_call)
     return target, load_draft(draft_dir, target, cache, dtype, prepare), settings

@@ -21,6 +21,8 @@ from dflash_et.files import staged_dir
 BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
 BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
 BUILTIN_GEMMA = "builtin-gemma"    # a Gemma 4-architecture target trained the same way (model.target only)
+BUILTIN_HYBRID = "builtin-hybrid"  # a Qwen3.5-architecture (Gated DeltaNet) target trained the same way (target only)
+TARGET_FAMILIES = {BUILTIN_GEMMA: "gemma4", BUILTIN_HYBRID: "qwen3_5"}  # built-in targets besides Qwen3
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -45,10 +47,9 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
     """
     param = f"model.{role}"
     with staged_dir(out) as tmp:
-        if source in (BUILTIN, BUILTIN_RANDOM) or (source == BUILTIN_GEMMA and role == "target"):
+        if source in (BUILTIN, BUILTIN_RANDOM) or (source in TARGET_FAMILIES and role == "target"):
             if role == "target":
-                builtin.write_target(tmp, trained=source != BUILTIN_RANDOM,
-                                     family="gemma4" if source == BUILTIN_GEMMA else "qwen3")
+                builtin.write_target(tmp, trained=source != BUILTIN_RANDOM, family=TARGET_FAMILIES.get(source, "qwen3"))
             else:
                 builtin.write_draft(tmp, target_dir)
         elif source == TRAIN and role == "draft":
@@ -61,7 +62,7 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
             _download(source, tmp, param)
         else:
             raise CheckpointError(
-                f"{param}={source!r} is neither '{BUILTIN}'{f', {BUILTIN_GEMMA!r}' if role == 'target' else ''}, "
+                f"{param}={source!r} is neither '{BUILTIN}'{''.join(f', {s!r}' for s in TARGET_FAMILIES) if role == 'target' else ''}, "
                 "an existing directory, nor a hub id like "
                 "'Qwen/Qwen3-4B[@revision]'"
             )

@@ -17,16 +17,18 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
 from dflash_et.checkpoints import zlab
 from dflash_et.errors import CheckpointError
 from dflash_et.models.attention import AttentionSpec
 from dflash_et.models.block import ModelArgs
+from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.layers import ACTIVATIONS
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
 
-SUPPORTED_TARGETS = ("qwen3", "llama", "gemma4_text", "gemma4")
+SUPPORTED_TARGETS = ("qwen3", "llama", "gemma4_text", "gemma4", "qwen3_5_text", "qwen3_5")
 FINGERPRINT = "fingerprint.json"  # written beside a fetched checkpoint (see checkpoint_id)
 # Gemma 4 features of the small (E2B/E4B) and MoE checkpoints the project does not build
 GEMMA_UNSUPPORTED = {"hidden_size_per_layer_input": "per-layer embeddings", "num_kv_shared_layers": "KV sharing",
@@ -49,7 +51,7 @@ def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
     `causal=None` is z-lab's rule for drafts: sliding layers are causal inside the block, full
     layers see the whole block (z-lab's Gemma 4 draft has both kinds)."""
     c = c.get_text_config()
-    gemma = c.model_type == "gemma4_text"
+    gemma, qwen3_5 = c.model_type == "gemma4_text", c.model_type == "qwen3_5_text"
     for key, feature in GEMMA_UNSUPPORTED.items() if gemma else ():
         if getattr(c, key, None):
             raise CheckpointError(f"Gemma 4 {feature} ({key}={getattr(c, key)}) are not supported; the 31B layout is")
@@ -59,16 +61,19 @@ def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
     if act not in ACTIVATIONS:
         raise CheckpointError(f"{c.model_type} config: activation {act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
 
-    def spec(i: int, kind: str) -> AttentionSpec:
+    def spec(i: int, kind: str) -> AttentionSpec | DeltaNetSpec:
         if gemma:
             return _gemma_spec(c, i, causal)
+        if kind == "linear_attention":
+            return DeltaNetSpec(c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                                c.linear_value_head_dim, c.linear_conv_kernel_dim)
         return AttentionSpec(
             num_heads=c.num_attention_heads,
             num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
             head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            qk_norm=c.model_type == "qwen3", bias=bool(getattr(c, "attention_bias", False)),
+            qk_norm=c.model_type in ("qwen3", "qwen3_5_text"), bias=bool(getattr(c, "attention_bias", False)),
             causal=kind == "sliding_attention" if causal is None else causal,
-            window=window if kind == "sliding_attention" else None)
+            window=window if kind == "sliding_attention" else None, output_gate=qwen3_5)
 
     return ModelArgs(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
@@ -76,19 +81,21 @@ def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         layers=tuple(spec(i, kind) for i, kind in enumerate(layer_types[:c.num_hidden_layers])),
         hidden_act=act, sandwich_norms=gemma, layer_scalar=gemma, embed_scale=c.hidden_size ** 0.5 if gemma else 1.0,
-        logit_softcap=getattr(c, "final_logit_softcapping", None))
+        logit_softcap=getattr(c, "final_logit_softcapping", None), norm_offset=1.0 if qwen3_5 else 0.0)
 
 
 def rope_tables(config: PretrainedConfig, max_seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """cos/sin for positions 0..max_seq_len-1 from transformers' own RoPE code (llama3, yarn, Gemma 4's
-    proportional, ...): one table, or for Gemma 4 one per layer type (their head dims and thetas differ)."""
+    proportional, Qwen3.5's partial rotary, ...): one table, or for Gemma 4 one per layer type (their head
+    dims and thetas differ). Qwen3.5's multimodal RoPE is plain RoPE for text: every axis at the same position."""
     c = config.get_text_config()
     positions = torch.arange(max_seq_len)[None]
     x = torch.zeros(1, dtype=torch.float32)
     if c.model_type == "gemma4_text":
         rope = Gemma4TextRotaryEmbedding(c)
         return {kind: tuple(t[0] for t in rope(x, positions, kind)) for kind in sorted(set(c.layer_types))}
-    cos, sin = LlamaRotaryEmbedding(c)(x, positions)
+    rope = Qwen3_5TextRotaryEmbedding(c) if c.model_type == "qwen3_5_text" else LlamaRotaryEmbedding(c)
+    cos, sin = rope(x, positions)
     return {"default": (cos[0], sin[0])}
 
 
@@ -189,14 +196,15 @@ def load_config(ckpt: Path) -> PretrainedConfig:
 
 
 def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: int, cache: str = "dense",
-                 empty: bool = False, ring_call: int | None = None) -> Target:
+                 empty: bool = False, ring_call: int | None = None, verify_call: int | None = None) -> Target:
     """The target's modules; `empty`: parameters and caches on the meta device (no memory) until loaded;
-    `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens."""
+    `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens; `verify_call`: the
+    longest call that may be kept in part (a verify; see models.deltanet)."""
     if config.model_type not in SUPPORTED_TARGETS:
         raise CheckpointError(f"target model_type {config.model_type!r} is not supported; use one of {SUPPORTED_TARGETS}")
     rope = rope_tables(config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
-        return Target(model_args(config), rope, layer_ids, cache, ring_call)
+        return Target(model_args(config), rope, layer_ids, cache, ring_call, verify_call)
 
 
 def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, cache: str = "dense",
@@ -212,15 +220,17 @@ def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: 
         return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, cache)
 
 
-MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's wrapper: the text model; vision and audio are ignored
+MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's and Qwen3.5's wrappers: the text model (vision ignored)
 
 
 def target_state_dict(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF names (`model.layers.0...`, or the multimodal wrapper's `model.language_model.layers.0...`) to
-    ours (`layers.0...`); rotary buffers some old checkpoints carry are dropped."""
+    ours (`layers.0...`); rotary buffers some old checkpoints carry and Qwen3.5's multi-token-prediction
+    head (`mtp.*`, which DFlash does not use) are dropped."""
     if any(k.startswith(MULTIMODAL_PREFIX) for k in weights):
-        return {k.removeprefix(MULTIMODAL_PREFIX): v for k, v in weights.items() if k.startswith(MULTIMODAL_PREFIX)}
-    return {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb" not in k}
+        return {k.removeprefix(MULTIMODAL_PREFIX): v for k, v in weights.items()
+                if k.startswith(MULTIMODAL_PREFIX) or k == "lm_head.weight"}
+    return {k.removeprefix("model."): v for k, v in weights.items() if "rotary_emb" not in k and not k.startswith("mtp.")}
 
 
 def check_weights(name: str, module: nn.Module, actual: dict[str, tuple[int, ...]], optional: tuple[str, ...] = ()) -> None:
@@ -256,19 +266,22 @@ def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict
             if prepare is not None and i not in prepared and not any(p.is_meta for p in layer.parameters()):
                 prepare(layer)
                 prepared.add(i)
-    for module in model.modules():  # the KV caches: zeros, allocated once, in dtype
+    for module in model.modules():  # the KV caches and DeltaNet states: zeros, allocated once, in dtype
         for key, buf in module._buffers.items():
             if buf is not None and buf.is_meta and only is None:
-                module._buffers[key] = torch.zeros(buf.shape, dtype=dtype if buf.is_floating_point() else buf.dtype)
+                floating = getattr(module, "state_dtype", dtype)
+                module._buffers[key] = torch.zeros(buf.shape, dtype=floating if buf.is_floating_point() else buf.dtype)
     model.rope.to(dtype)  # the RoPE tables (parameters may be quantized by now: left alone)
 
 
 def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, cache: str = "dense",
                 dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None,
-                ring_call: int | None = None, only: tuple[str, ...] | None = None) -> Target:
+                ring_call: int | None = None, only: tuple[str, ...] | None = None,
+                verify_call: int | None = None) -> Target:
     """The target in `dtype`, with weights from its safetensors (sharded or not); `only` as in `_fill`
     (exporting the draft needs just the target's embedding and head)."""
-    model = build_target(load_config(target_dir), layer_ids, max_seq_len, cache, empty=True, ring_call=ring_call)
+    model = build_target(load_config(target_dir), layer_ids, max_seq_len, cache, empty=True, ring_call=ring_call,
+                         verify_call=verify_call)
     optional = ("lm_head.weight",) if model.args.tie_word_embeddings else ()
     _fill(model, target_dir, f"target {target_dir}", target_state_dict, dtype, optional, prepare, only)
     model.tie_weights()

@@ -20,6 +20,7 @@ from dflash_et.checkpoints.load import checkpoint_id, eos_ids, load_config, reco
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.files import write_json
+from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
@@ -224,7 +225,10 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
     """Constant methods: everything a runner must know, inside the program itself.
 
     Each program carries the fingerprint of the checkpoint it was made from; the draft also carries
-    its target's and the layers it reads, so a mismatched pair is caught when loading.
+    its target's and the layers it reads, so a mismatched pair is caught when loading. A hybrid target
+    says `get_recurrent_state` and `get_verify_rows`: its calls must go forward (start at 0, or within
+    the previous call), and one kept in part keeps at most its first `verify_rows` tokens, as every
+    decode loop does (models.deltanet).
     """
     common = {"get_max_seq_len": config.max_seq_len, "get_vocab_size": model.args.vocab_size,
               "get_target_layer_ids": settings.target_layer_ids,
@@ -232,10 +236,16 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
     if kind == "target":
         sampling = {f"get_{k}": v for k, v in recommended_sampling(target_dir).items()}
         return common | sampling | {"get_checkpoint_id": checkpoint_id(target_dir), "get_eos_ids": eos_ids(target_dir),
-                                    "get_max_chunk": max(config.prefill_chunk, max_block)}
+                                    "get_max_chunk": max(config.prefill_chunk, max_block),
+                                    "get_recurrent_state": recurrent(model), "get_verify_rows": max_block}
     return common | {"get_checkpoint_id": checkpoint_id(draft_dir), "get_target_checkpoint_id": checkpoint_id(target_dir),
                      "get_mask_token_id": settings.mask_token_id, "get_max_block_size": max_block,
                      "get_max_context": config.max_seq_len - 2}
+
+
+def recurrent(target: Target) -> bool:
+    """Whether the target has Gated DeltaNet layers (a hybrid model), whose state only goes forward."""
+    return any(isinstance(spec, DeltaNetSpec) for spec in target.args.layers)
 
 
 def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path,
@@ -253,10 +263,14 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     max_block = config.max_block_size or settings.block_size
     if not 2 <= max_block <= config.max_seq_len - 2:
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
+    if config.backend == "mlx" and any(kind == "linear_attention" for kind in
+                                       getattr(load_config(target_dir).get_text_config(), "layer_types", None) or []):
+        raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
+                          "portable only; set export.backend=xnnpack")
     ring = max(config.prefill_chunk, max_block) if config.sliding_cache == "ring" and config.backend != "mlx" else None
     target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len, CACHE_OF_BACKEND[config.backend],
                                         DTYPES[config.dtype], partial(quantize, config=config), ring,
-                                        target_only=None if kind == "target" else BORROWED)
+                                        target_only=None if kind == "target" else BORROWED, verify_call=max_block)
     model = target if kind == "target" else draft
     quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
     meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings)

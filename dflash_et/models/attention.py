@@ -47,6 +47,7 @@ class AttentionSpec:
     v_norm: bool = False          # a weightless RMS norm on V (Gemma 4)
     k_eq_v: bool = False          # no v_proj: V is the raw K projection (Gemma 4's full layers)
     rope: str = "default"         # which of the model's RoPE tables (Gemma 4: one per layer type)
+    output_gate: bool = False     # q_proj also makes a per-head gate: output * sigmoid(gate) (Qwen3.5)
 
     @property
     def softmax_scale(self) -> float:
@@ -54,7 +55,11 @@ class AttentionSpec:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` [1, T, heads, D] by per-position cos/sin [T, D] (HF's rotate_half convention)."""
+    """Rotate `x` [1, T, heads, D] by per-position cos/sin [T, R] (HF's rotate_half convention); with
+    partial rotary (R < D, Qwen3.5) only the first R channels turn."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
@@ -196,17 +201,18 @@ class Attention(nn.Module):
     """Projections, q/k norms and RoPE around a backend's cache. Queries come from `x` (the last T
     rows); keys and values from `kv_in` (for a draft layer, the context rows and then the block)."""
 
-    def __init__(self, hidden_size: int, spec: AttentionSpec, eps: float, cache: KVCache):
+    def __init__(self, hidden_size: int, spec: AttentionSpec, eps: float, cache: KVCache, norm_offset: float = 0.0):
         super().__init__()
         self.spec = spec
-        self.q_proj = nn.Linear(hidden_size, spec.num_heads * spec.head_dim, bias=spec.bias)
+        gates = 2 if spec.output_gate else 1
+        self.q_proj = nn.Linear(hidden_size, gates * spec.num_heads * spec.head_dim, bias=spec.bias)
         self.k_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
         if not spec.k_eq_v:
             self.v_proj = nn.Linear(hidden_size, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
         self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, hidden_size, bias=spec.bias)
         if spec.qk_norm:
-            self.q_norm = RMSNorm(spec.head_dim, eps)
-            self.k_norm = RMSNorm(spec.head_dim, eps)
+            self.q_norm = RMSNorm(spec.head_dim, eps, offset=norm_offset)
+            self.k_norm = RMSNorm(spec.head_dim, eps, offset=norm_offset)
         if spec.v_norm:
             self.v_norm = RMSNorm(spec.head_dim, eps, weight=False)
         self.cache = cache
@@ -216,7 +222,10 @@ class Attention(nn.Module):
         """`rope` holds cos/sin [S, D] of the key rows' positions for each of the model's tables."""
         spec, t, s = self.spec, x.shape[1], kv_in.shape[1]
         cos, sin = rope[spec.rope]
-        q = self.q_proj(x).view(1, t, spec.num_heads, spec.head_dim)
+        q = self.q_proj(x)
+        if spec.output_gate:  # per head: the query's D channels, then its gate's D
+            q, gate = q.view(1, t, spec.num_heads, 2 * spec.head_dim).chunk(2, dim=-1)
+        q = q.view(1, t, spec.num_heads, spec.head_dim)
         k = self.k_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
         v = k if spec.k_eq_v else self.v_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
         if spec.qk_norm:
@@ -226,4 +235,6 @@ class Attention(nn.Module):
         q = apply_rope(q, cos[s - t:s], sin[s - t:s])  # explicit ends: the MLX partitioner rejects open slices
         k = apply_rope(k, cos, sin)
         y = self.cache(q, k, v, start, positions, mask)
+        if spec.output_gate:
+            y = y * torch.sigmoid(gate)
         return self.o_proj(y.reshape(1, t, spec.num_heads * spec.head_dim))

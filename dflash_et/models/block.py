@@ -6,17 +6,20 @@ import torch
 from torch import nn
 
 from dflash_et.models.attention import CACHES, Attention, AttentionSpec, ring_rows
+from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
 from dflash_et.models.layers import MLP, RMSNorm
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """The shape of one transformer stack; each layer carries its own attention spec.
+    """The shape of one transformer stack; each layer carries its own attention spec, or a Gated
+    DeltaNet spec for the linear-attention layers of hybrid models (Qwen3.5).
 
     The Gemma 4 variants are flags here, not a second model: `sandwich_norms` also norms each
     branch's output (four norms per layer), `layer_scalar` multiplies each layer's output by a
     stored scalar, `embed_scale` multiplies the embedding (sqrt(hidden), rounded to the weights'
-    dtype), `logit_softcap` bounds the logits to (-cap, cap) with tanh.
+    dtype), `logit_softcap` bounds the logits to (-cap, cap) with tanh. `norm_offset` 1 makes every
+    RMSNorm zero-centred, `(1 + w)` (Qwen3.5).
     """
 
     vocab_size: int
@@ -25,12 +28,13 @@ class ModelArgs:
     rms_norm_eps: float
     mlp_bias: bool
     tie_word_embeddings: bool
-    layers: tuple[AttentionSpec, ...]
+    layers: tuple[AttentionSpec | DeltaNetSpec, ...]
     hidden_act: str = "silu"
     sandwich_norms: bool = False
     layer_scalar: bool = False
     embed_scale: float = 1.0
     logit_softcap: float | None = None
+    norm_offset: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -66,17 +70,24 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 class Block(nn.Module):
     """A pre-norm decoder layer. With `ctx` (a draft layer), K/V also cover the un-normed context rows.
-    `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens (see attention)."""
+    `ring_call`: the longest call; sliding layers keep ring buffers for calls of at most that many tokens
+    (see attention). `verify_call`: the longest call that may be kept in part, whose rows DeltaNet layers
+    keep to replay (see deltanet; None: any call)."""
 
-    def __init__(self, a: ModelArgs, spec: AttentionSpec, max_seq_len: int, cache: str, ring_call: int | None = None):
+    def __init__(self, a: ModelArgs, spec: AttentionSpec | DeltaNetSpec, max_seq_len: int, cache: str,
+                 ring_call: int | None = None, verify_call: int | None = None):
         super().__init__()
         self.sandwich = a.sandwich_norms
-        kv = CACHES[cache](spec, max_seq_len, ring_rows(spec, max_seq_len, ring_call))
-        self.self_attn = Attention(a.hidden_size, spec, a.rms_norm_eps, kv)
+        if isinstance(spec, DeltaNetSpec):
+            self.linear_attn = GatedDeltaNet(a.hidden_size, spec, a.rms_norm_eps, ring_call or max_seq_len,
+                                             verify_call or ring_call or max_seq_len, cache)
+        else:
+            kv = CACHES[cache](spec, max_seq_len, ring_rows(spec, max_seq_len, ring_call))
+            self.self_attn = Attention(a.hidden_size, spec, a.rms_norm_eps, kv, a.norm_offset)
         self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
-        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
         # Llama/Qwen: the MLP's input norm. Gemma: the attention output's norm, then two around the MLP.
-        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
         if a.sandwich_norms:
             self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -86,8 +97,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
                 positions: torch.Tensor, ctx: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.input_layernorm(x)
-        kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)
-        attn = self.self_attn(h, kv_in, rope, start, positions, mask)
+        if hasattr(self, "linear_attn"):
+            attn = self.linear_attn(h, positions)
+        else:
+            kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)
+            attn = self.self_attn(h, kv_in, rope, start, positions, mask)
         if not self.sandwich:
             x = x + attn
             return x + self.mlp(self.post_attention_layernorm(x))

@@ -19,16 +19,19 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": gelu_tanh}
 
 
 class RMSNorm(nn.Module):
-    """`x / rms(x) * w`, in float32 then cast back; `weight=False` (Gemma 4's v-norm) has no `w`."""
+    """`x / rms(x) * w`, in float32 then cast back; `weight=False` (Gemma 4's v-norm) has no `w`.
+    `offset` 1: Qwen3.5's zero-centred norms, `x / rms(x) * (1 + w)` with the product in float32."""
 
-    def __init__(self, dim: int, eps: float, weight: bool = True):
+    def __init__(self, dim: int, eps: float, weight: bool = True, offset: float = 0.0):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if weight else None
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.ones(dim) if offset == 0 else torch.zeros(dim)) if weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
         return h.to(x.dtype) if self.weight is None else self.weight * h.to(x.dtype)
 
 

@@ -2,7 +2,9 @@
 
 `forward(tokens [1,T], input_pos [T]) -> (logits [1,T,V], taps [1,T,k*H])`. A call writes K/V at
 `input_pos` and attends causally to everything before; rolling back is just calling again at an
-earlier position, since attention never looks past the current call.
+earlier position, since attention never looks past the current call. Hybrid targets' DeltaNet
+layers keep that contract by replaying (models.deltanet), as long as calls go forward: each starts
+at 0 or within the previous call.
 """
 
 import torch
@@ -13,17 +15,18 @@ from dflash_et.models.layers import RMSNorm
 
 
 class Target(nn.Module):
-    """A Qwen3/Llama/Gemma 4-style causal LM; `cache` names the attention backend (see models.attention),
-    `ring_call` makes sliding layers keep ring buffers for calls of at most that many tokens."""
+    """A Qwen3/Llama/Gemma 4/Qwen3.5-style causal LM; `cache` names the attention backend (see
+    models.attention), `ring_call` the longest call and `verify_call` the longest verify (see Block)."""
 
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], layer_ids: list[int],
-                 cache: str = "dense", ring_call: int | None = None):
+                 cache: str = "dense", ring_call: int | None = None, verify_call: int | None = None):
         super().__init__()
         self.rope = Rope(rope)
         self.args, self.layer_ids, self.max_seq_len = a, list(layer_ids), self.rope.max_seq_len
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache, ring_call) for spec in a.layers)
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache, ring_call, verify_call)
+                                    for spec in a.layers)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
         self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         self.tie_weights()
 

@@ -118,7 +118,9 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
     tests, worst_p, worst_where, max_tv = 0, 1.0, None, 0.0
     for n, (ids, label) in enumerate(zip(prompts[:check.prompts], labels)):
         seed = check.seed + 3 * n * check.samples  # every completion of every run its own seed
-        target = PrefillOnce(target_p, len(ids)) if check.tokens <= target_p.meta["max_chunk"] else target_p
+        # (a hybrid target's recurrent state cannot go back to the prompt's end: it prefills every time)
+        once = check.tokens <= target_p.meta["max_chunk"] and not target_p.meta.get("recurrent_state")
+        target = PrefillOnce(target_p, len(ids)) if once else target_p
         reference = _per_position_counts([generate_ar(target, ids, check.tokens, eos, max_seq_len, chunk,
                                             sampler=Sampler(check.settings("argmax", seed + i))).tokens
                                 for i in range(check.samples)], check.tokens)

@@ -80,7 +80,25 @@ class Program:
 
 
 class TargetProgram(Program):
+    """target.pte; a hybrid one (`recurrent_state`) is refused calls that do not go forward, which would
+    silently continue from the wrong recurrent state: one before the previous call or past its end, or one
+    keeping more than `verify_rows` of a longer call but not all of it (models.deltanet)."""
+
+    def __init__(self, pte: Path, ptd: Path | None = None):
+        super().__init__(pte, ptd)
+        self.span = None  # the previous call's (start, end) in a hybrid target
+
     def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.meta.get("recurrent_state"):
+            start = int(input_pos[0])
+            if start != 0 and not (self.span and self.span[0] <= start <= self.span[1]):
+                raise ProgramError(f"{self.path}: a hybrid target's call must start at 0 (a new sequence) or within "
+                                   f"the previous call (positions {self.span}), not at {start}: its recurrent state "
+                                   "only goes forward")
+            if start != 0 and self.meta["verify_rows"] < start - self.span[0] < self.span[1] - self.span[0]:
+                raise ProgramError(f"{self.path}: a hybrid target's call may keep all of the previous call or at most "
+                                   f"its first {self.meta['verify_rows']} tokens, not {start - self.span[0]}")
+            self.span = (start, start + tokens.shape[1])
         logits, hidden = self.execute(tokens, input_pos)
         return logits, hidden
 

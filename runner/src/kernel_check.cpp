@@ -2,7 +2,7 @@
 // reference ops (torch.ops.llama.*) on tensors from Python (ctypes). Each call looks its kernel up by
 // operator name and calls it boxed, as a program does, but in this library's own kernel list: a Python
 // process that loaded ExecuTorch's own llama kernels has those names in the global registry already. Tensors are contiguous; `dtype` is the ScalarType code (6 float,
-// 15 bfloat16); `sizes` point to 4 dims [B, S, H, D]. Returns 0, or the kernel's error code.
+// 15 bfloat16); `sizes` point to 4 dims [B, S, H, D] unless said otherwise. Returns 0, or the kernel's error code.
 #include <cmath>
 #include <vector>
 
@@ -19,9 +19,9 @@ using executorch::extension::TensorPtr;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
 
-TensorPtr tensor(const void* data, const int64_t* sizes, int dtype) {
-  return executorch::extension::from_blob(const_cast<void*>(data), {int32_t(sizes[0]), int32_t(sizes[1]),
-                                          int32_t(sizes[2]), int32_t(sizes[3])},
+TensorPtr tensor(const void* data, const int64_t* sizes, int dtype, int dims = 4) {
+  return executorch::extension::from_blob(const_cast<void*>(data),
+                                          std::vector<executorch::aten::SizesType>(sizes, sizes + dims),
                                           static_cast<executorch::aten::ScalarType>(dtype));
 }
 
@@ -58,4 +58,15 @@ extern "C" int dflash_custom_sdpa(const void* q, const int64_t* q_sizes, const v
                                          mask ? EValue(*mt) : EValue(),
                                          EValue(0.0), EValue(bool(is_causal)), std::isnan(scale) ? EValue() : EValue(scale),
                                          EValue(*ot), EValue(*ot)});
+}
+
+// The 8 tensors of the schema, in its order: query, key, value, decay, beta, initial_state, out,
+// final_state_out; tensor i has dims[i] sizes at sizes[i] and the ScalarType code dtypes[i].
+extern "C" int dflash_gated_delta_rule(void* const* data, const int64_t* const* sizes, const int* dims,
+                                       const int* dtypes) {
+  std::vector<TensorPtr> t;
+  for (int i = 0; i < 8; ++i) t.push_back(tensor(data[i], sizes[i], dtypes[i], dims[i]));
+  return call("llama::gated_delta_rule.out", {EValue(*t[0]), EValue(*t[1]), EValue(*t[2]), EValue(*t[3]),
+                                              EValue(*t[4]), EValue(*t[5]), EValue(*t[6]), EValue(*t[7]),
+                                              EValue()});  // the return slot: the kernel leaves it alone
 }

@@ -1,4 +1,4 @@
-// Kernels of llama::update_cache.out and llama::custom_sdpa.out (see llama_ops.h).
+// Kernels of llama::update_cache.out, llama::custom_sdpa.out and llama::gated_delta_rule.out (see llama_ops.h).
 //
 // Semantics, as ExecuTorch's own kernels (extension/llm/custom_ops) define them:
 // - update_cache(value [B,S,H,D], cache [B,S_max,H,D], start_pos): cache[:, start_pos:start_pos+S] = value.
@@ -8,6 +8,12 @@
 //   keys past start_pos + Sq are never read, so a later call overwrites rejected positions. With an
 //   additive attn_mask [Sq, S_max] (sliding-window layers), every query attends over all S_max rows
 //   under the mask instead, is_causal must be false, and start_pos may pass S_max (a ring-buffer cache).
+// - gated_delta_rule(query [B,Hq,T,Dk], key [B,H,T,Dk], value [B,H,T,Dv], decay [B,H,T] or [B,H,T,Dk], beta [B,H,T],
+//   initial_state [B,H,Dk,Dv]), float only: the Gated DeltaNet recurrence, token by token, on a state per head
+//   (initial_state is left as it is; the last state goes to final_state_out [B,H,Dk,Dv]). Per token:
+//   state *= decay (already exponentiated; one gate per head or one per key channel, i.e. state row);
+//   delta = (value - state^T key) * beta; state += key delta^T; output = state^T query (no scale), where query
+//   head h reads state head h / (Hq / H).
 #include "llama_ops.h"
 
 #include <algorithm>
@@ -176,14 +182,106 @@ void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   }
 }
 
+void gated_delta_rule(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  // stack: query, key, value, decay, beta, initial_state, out, final_state_out, return slot (a list of both outs)
+  const char* op = "llama::gated_delta_rule.out";
+  const Tensor& q = stack[0]->toTensor();
+  const Tensor& k = stack[1]->toTensor();
+  const Tensor& v = stack[2]->toTensor();
+  const Tensor& decay = stack[3]->toTensor();
+  const Tensor& beta = stack[4]->toTensor();
+  const Tensor& initial = stack[5]->toTensor();
+  Tensor& out = stack[6]->toTensor();
+  Tensor& state = stack[7]->toTensor();
+  bool floats = true, contiguous = true;
+  for (size_t i = 0; i < 8; ++i) {
+    floats = floats && stack[i]->toTensor().scalar_type() == ScalarType::Float;
+    contiguous = contiguous && executorch::runtime::tensor_is_contiguous(stack[i]->toTensor());
+  }
+  if (!check(ctx, q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && initial.dim() == 4 && beta.dim() == 3 &&
+                      (decay.dim() == 3 || decay.dim() == 4), op,
+             "query, key, value and initial_state must be 4-dim, beta 3-dim, decay 3- or 4-dim") ||
+      !check(ctx, floats, op, "every tensor must be float") ||
+      !check(ctx, contiguous, op, "every tensor must be contiguous")) {
+    return;
+  }
+  const int64_t batch = k.size(0), heads = k.size(1), tokens = k.size(2), dk = k.size(3), dv = v.size(3);
+  const int64_t hq = q.size(1);
+  auto per_token = [&](const Tensor& t) { return t.size(0) == batch && t.size(1) == heads && t.size(2) == tokens; };
+  using Size = executorch::aten::SizesType;
+  const Size out_sizes[] = {Size(batch), Size(hq), Size(tokens), Size(dv)};
+  if (!check(ctx, q.size(0) == batch && q.size(2) == tokens && q.size(3) == dk, op,
+             "query and key differ in batch, tokens or head size") ||
+      !check(ctx, per_token(v) && per_token(beta) && per_token(decay) && (decay.dim() == 3 || decay.size(3) == dk), op,
+             "value, beta and decay must match key's batch, heads and tokens (and a 4-dim decay its head size)") ||
+      !check(ctx, heads > 0 && hq % heads == 0, op, "query heads must be a multiple of key heads") ||
+      !check(ctx, initial.size(0) == batch && initial.size(1) == heads && initial.size(2) == dk && initial.size(3) == dv,
+             op, "initial_state must be [B, H, Dk, Dv]") ||
+      !check(ctx, executorch::runtime::resize_tensor(out, {out_sizes, 4}) == Error::Ok &&
+                      executorch::runtime::resize_tensor(state, initial.sizes()) == Error::Ok,
+             op, "cannot resize out or final_state_out")) {
+    return;
+  }
+  const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
+  const float *gp = decay.const_data_ptr<float>(), *bp = beta.const_data_ptr<float>();
+  const float* init = initial.const_data_ptr<float>();
+  float *outp = out.mutable_data_ptr<float>(), *sp = state.mutable_data_ptr<float>();
+  const int64_t group = hq / heads;
+  const bool channelwise = decay.dim() == 4;
+  // tasks: (batch, state head), each owning its state [Dk, Dv] (row i: key channel i), updated in place in
+  // final_state_out (two passes over it per token), and the outputs of its group of query heads
+  executorch::extension::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> delta(dv);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / heads, h = task % heads;
+      float* s = sp + task * dk * dv;
+      if (s != init + task * dk * dv) std::memcpy(s, init + task * dk * dv, dk * dv * sizeof(float));
+      for (int64_t t = 0; t < tokens; ++t) {
+        const int64_t row = task * tokens + t;  // (b, h, t) in key, value, decay and beta
+        const float* kt = kp + row * dk;
+        const float* g = gp + (channelwise ? row * dk : row);
+        // decay the state, and gather its prediction for this key's value, state^T key, in delta
+        std::fill(delta.begin(), delta.end(), 0.f);
+        for (int64_t i = 0; i < dk; ++i) {
+          const float gi = g[channelwise ? i : 0], ki = kt[i];
+          float* si = s + i * dv;
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) {
+            si[j] *= gi;
+            delta[j] += ki * si[j];
+          }
+        }
+        const float* vt = vp + row * dv;
+        for (int64_t j = 0; j < dv; ++j) delta[j] = (vt[j] - delta[j]) * bp[row];
+        // state += key delta^T, and each query head of the group reads the updated rows: out += q_i state_i
+        const int64_t first = (b * hq + h * group) * tokens + t;  // (b, h * group, t) in query and out
+        for (int64_t m = 0; m < group; ++m) std::fill_n(outp + (first + m * tokens) * dv, dv, 0.f);
+        for (int64_t i = 0; i < dk; ++i) {
+          const float ki = kt[i];
+          float* si = s + i * dv;
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) si[j] += ki * delta[j];
+          for (int64_t m = 0; m < group; ++m) {
+            const float qi = qp[(first + m * tokens) * dk + i];
+            float* o = outp + (first + m * tokens) * dv;
+#pragma omp simd
+            for (int64_t j = 0; j < dv; ++j) o[j] += qi * si[j];
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 executorch::runtime::Span<const executorch::runtime::Kernel> llama_kernels() {
   static const executorch::runtime::Kernel kernels[] = {
       executorch::runtime::Kernel("llama::update_cache.out", update_cache),
       executorch::runtime::Kernel("llama::custom_sdpa.out", custom_sdpa),
+      executorch::runtime::Kernel("llama::gated_delta_rule.out", gated_delta_rule),
   };
-  return {kernels, 2};
+  return {kernels, 3};
 }
 
 void register_llama_ops() {

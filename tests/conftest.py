@@ -131,6 +131,37 @@ def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides)
     return path
 
 
+def random_draft(path: Path, target_dir: Path, num_layers: int = 3, block: int = 8, **dflash) -> Path:
+    """A draft in z-lab's layout for `target_dir` (for a Gemma 4 target, z-lab's Gemma 4 layout), mask token
+    4, with random weights and norms."""
+    import json
+
+    import torch
+
+    from dflash_et.checkpoints import zlab
+
+    config = zlab.draft_config(json.loads((target_dir / "config.json").read_text()), 4, num_layers, block)
+    config["dflash_config"] |= dflash
+    g = torch.Generator().manual_seed(1)
+    weights = {k: v * 5 if v.dim() == 2 else torch.empty_like(v).uniform_(0.5, 1.5, generator=g)
+               for k, v in zlab.init_draft_weights(config, seed=0).items()}
+    zlab.save_draft(path, config, weights)
+    return path
+
+
+def assert_program_matches_eager(program, eager, calls) -> None:
+    """(tokens, start) calls through target.pte and its eager twin: the same logits and taps."""
+    import torch
+
+    for tokens, start in calls:
+        x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
+        with torch.no_grad():
+            ref_logits, ref_taps = eager(x, pos)
+        logits, taps = program(x, pos)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(taps, ref_taps, rtol=1e-4, atol=1e-4)
+
+
 # (family, overrides, sharded): GQA, MHA, MQA, tied and untied heads, head_dim != hidden/heads,
 # biases, Llama-3.1 rope scaling that actually bends frequencies at these lengths, and sliding-window
 # layers (a window shorter than the test's calls).

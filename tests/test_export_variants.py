@@ -152,7 +152,7 @@ def test_quantized_shared_weights_programs(trained_pair, quantized_shared_progra
 def test_sliding_window_target_exports_and_matches_eager(pair, tmp_path):
     """A layer variant (Qwen3's sliding-window layers) through the llama ops' explicit-mask path, exported."""
     from dflash_et.checkpoints import builtin
-    from tests.conftest import random_checkpoint
+    from tests.conftest import assert_program_matches_eager, random_checkpoint
 
     target_dir = random_checkpoint(tmp_path / "target", "qwen3", use_sliding_window=True, sliding_window=5,
                                    max_window_layers=2)
@@ -163,10 +163,5 @@ def test_sliding_window_target_exports_and_matches_eager(pair, tmp_path):
     program = TargetProgram(tmp_path / "target.pte")
     target, _, _ = load_pair(target_dir, tmp_path / "draft", max_seq_len=64)
     assert [layer.self_attn.spec.window for layer in target.layers] == [None, None, 5, 5]
-    for tokens, start in [(list(range(8)), 0), (list(range(10, 18)), 8), ([3], 16), (list(range(6)), 17), ([9] * 4, 18)]:
-        x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
-        with torch.no_grad():
-            ref_logits, ref_taps = target(x, pos)
-        logits, taps = program(x, pos)
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(taps, ref_taps, rtol=1e-4, atol=1e-4)
+    assert_program_matches_eager(program, target, [(list(range(8)), 0), (list(range(10, 18)), 8), ([3], 16),
+                                                   (list(range(6)), 17), ([9] * 4, 18)])

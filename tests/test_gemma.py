@@ -13,7 +13,7 @@ from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.check import check_pair
 from dflash_et.checkpoints.load import load_config, load_draft, load_target, model_args
 from dflash_et.errors import CheckpointError
-from tests.conftest import build_programs, random_checkpoint, validate_config
+from tests.conftest import build_programs, random_checkpoint, random_draft, validate_config
 from tests.test_model import TAPS, cache_calls, check_against_hf, draft_rounds, reference_draft
 
 DRAFT_BLOCK = 8
@@ -21,13 +21,7 @@ DRAFT_BLOCK = 8
 
 def gemma_draft(path, target_dir, num_layers=3, **dflash):
     """A draft in z-lab's Gemma 4 layout for `target_dir`, with random weights and norms."""
-    config = zlab.draft_config(json.loads((target_dir / "config.json").read_text()), 4, num_layers, DRAFT_BLOCK)
-    config["dflash_config"] |= dflash
-    g = torch.Generator().manual_seed(1)
-    weights = {k: v * 5 if v.dim() == 2 else torch.empty_like(v).uniform_(0.5, 1.5, generator=g)
-               for k, v in zlab.init_draft_weights(config, seed=0).items()}
-    zlab.save_draft(path, config, weights)
-    return path
+    return random_draft(path, target_dir, num_layers, DRAFT_BLOCK, **dflash)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from dflash_et.checkpoints import builtin, zlab
+from dflash_et.checkpoints import builtin
 from dflash_et.checkpoints.load import load_target, model_args
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import ExportConfig, export_program
@@ -19,7 +19,8 @@ from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
 from dflash_et.reports.validate import validate
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
-from tests.conftest import build_programs, random_checkpoint, validate_config
+from tests.conftest import (assert_program_matches_eager, build_programs, random_checkpoint, random_draft,
+                            validate_config)
 from tests.test_model import check_against_hf
 
 TAPS = [0, 1, 3]  # a DeltaNet layer, a full-attention layer, and the last (after the final norm)
@@ -109,23 +110,13 @@ def test_builtin_hybrid_target_is_qwen3_5(tmp_path):
                      forward_calls(builtin.VOCAB_SIZE), TOL)
 
 
-def hybrid_draft(path, target_dir, block):
-    """A random draft in z-lab's layout for the hybrid target (norms randomized)."""
-    config = zlab.draft_config(json.loads((target_dir / "config.json").read_text()), 5, 2, block)
-    g = torch.Generator().manual_seed(1)
-    weights = {k: v * 5 if v.dim() == 2 else torch.empty_like(v).uniform_(0.5, 1.5, generator=g)
-               for k, v in zlab.init_draft_weights(config, seed=0).items()}
-    zlab.save_draft(path, config, weights)
-    return path
-
-
 @pytest.fixture(scope="module")
 def hybrid_programs(tmp_path_factory):
     """fp32 XNNPACK programs of a random hybrid pair with the built-in tokenizer, as the pipeline builds them."""
     root = tmp_path_factory.mktemp("hybrid-programs")
     target = random_checkpoint(root / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
     builtin.build_tokenizer().save_pretrained(target)
-    pair = (target, hybrid_draft(root / "draft", target, 8))
+    pair = (target, random_draft(root / "draft", target, num_layers=2))
     return build_programs(pair, root), pair
 
 
@@ -134,13 +125,7 @@ def test_hybrid_programs_match_the_eager_model(hybrid_programs):
     target_p, _ = load_programs(programs_dir)
     assert target_p.meta["recurrent_state"] is True
     eager = load_target(pair[0], target_p.meta["target_layer_ids"], target_p.meta["max_seq_len"])
-    for tokens, start in forward_calls(builtin.VOCAB_SIZE, seed=3):
-        x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
-        with torch.no_grad():
-            ref_logits, ref_taps = eager(x, pos)
-        logits, taps = target_p(x, pos)
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(taps, ref_taps, rtol=1e-4, atol=1e-4)
+    assert_program_matches_eager(target_p, eager, forward_calls(builtin.VOCAB_SIZE, seed=3))
 
 
 class SometimesRightDraft:
@@ -168,11 +153,11 @@ def test_greedy_dflash_over_hybrid_programs_is_lossless(hybrid_programs):
     prompt = list(range(40, 73))  # two prefill chunks
     plain = generate_ar(target_p, prompt, 60, set(), max_seq_len, chunk)
     draft = SometimesRightDraft(prompt + plain.tokens, block, builtin.VOCAB_SIZE)
-    run = generate_dflash(target_p, draft, prompt, 60, set(), max_seq_len, chunk, block, 5)
+    run = generate_dflash(target_p, draft, prompt, 60, set(), max_seq_len, chunk, block, draft_p.meta["mask_token_id"])
     assert run.tokens == plain.tokens
     kept = {r.accepted for r in run.rounds}
     assert set(range(block)) <= kept  # every amount of rollback, from none to the whole block
-    real = generate_dflash(target_p, draft_p, prompt, 60, set(), max_seq_len, chunk, block, 5)
+    real = generate_dflash(target_p, draft_p, prompt, 60, set(), max_seq_len, chunk, block, draft_p.meta["mask_token_id"])
     assert real.tokens == plain.tokens
 
 

@@ -139,7 +139,7 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
     """
     model, tokenizer, eos = _new_target(family, shape)
     if trained:
-        train_target(model, tokenizer, {**TARGET_TRAINING, **FAMILY_TRAINING.get(family, {}), **(training or {})})
+        train_target(model, tokenizer, {**TARGET_TRAINING, **(training or {})})
     pad = model.config.bos_token_id if family != "gemma4" else model.config.pad_token_id
     model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad,
                                                do_sample=True, **RECOMMENDED_SAMPLING[family])
@@ -148,9 +148,6 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
 
 
 TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2)
-# transformers trains Gated DeltaNet layers with its reference torch kernels on CPU: a step of the hybrid
-# target costs about 3x one of the Qwen3 target (6.5 s at batch 32 here), so it trains on half the batch
-FAMILY_TRAINING = {"qwen3_5": dict(batch=16)}
 
 
 @all_cores()

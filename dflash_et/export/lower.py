@@ -226,7 +226,7 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
 
     Each program carries the fingerprint of the checkpoint it was made from; the draft also carries
     its target's and the layers it reads, so a mismatched pair is caught when loading. A hybrid target
-    says `get_recurrent_state` and `get_verify_rows`: its calls must go forward (start at 0, or within
+    (only) says `get_recurrent_state` and `get_verify_rows`: its calls must go forward (start at 0, or within
     the previous call), and one kept in part keeps at most its first `verify_rows` tokens, as every
     decode loop does (models.deltanet).
     """
@@ -235,9 +235,10 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
               "get_uses_llama_custom_ops": config.backend != "mlx"}
     if kind == "target":
         sampling = {f"get_{k}": v for k, v in recommended_sampling(target_dir).items()}
-        return common | sampling | {"get_checkpoint_id": checkpoint_id(target_dir), "get_eos_ids": eos_ids(target_dir),
-                                    "get_max_chunk": max(config.prefill_chunk, max_block),
-                                    "get_recurrent_state": recurrent(model), "get_verify_rows": max_block}
+        hybrid = {"get_recurrent_state": True, "get_verify_rows": max_block} if recurrent(model) else {}
+        return common | sampling | hybrid | {"get_checkpoint_id": checkpoint_id(target_dir),
+                                             "get_eos_ids": eos_ids(target_dir),
+                                             "get_max_chunk": max(config.prefill_chunk, max_block)}
     return common | {"get_checkpoint_id": checkpoint_id(draft_dir), "get_target_checkpoint_id": checkpoint_id(target_dir),
                      "get_mask_token_id": settings.mask_token_id, "get_max_block_size": max_block,
                      "get_max_context": config.max_seq_len - 2}

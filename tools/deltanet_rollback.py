@@ -1,22 +1,24 @@
-"""What rolling a Gated DeltaNet layer back costs at a real model's shapes (default: Qwen3.5-4B), per layer
-and over all its DeltaNet layers, for the two known ways:
+"""What rolling a Gated DeltaNet layer back costs at a real model's shapes (default: Qwen3.5-4B; or a
+checkpoint's, `--target DIR`), per layer and over all its DeltaNet layers, for the two known ways:
 
 - replay (what models.deltanet does): keep the state at the call's start and the call's replay inputs;
   the next call reruns the recurrence over the stored rows (those past the kept prefix masked out);
 - per-position states: keep the state after every token of a verify call and select one.
 
 Times are one layer's, eager, with ExecuTorch's fused `llama::gated_delta_rule` (the programs' kernel),
-fp32, median of `--repeats`. Run: `python -m tools.deltanet_rollback [--threads N]`.
+fp32, median of `--repeats`. Run: `python -m tools.deltanet_rollback [--target DIR] [--threads N]`.
 """
 
 import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import dflash_et  # noqa: F401  (first: quiets the loaders)
 import torch
 
+from dflash_et.checkpoints.load import load_config, model_args
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet, fused_rule
 
 QWEN3_5_4B = dict(hidden=2560, layers=24, spec=DeltaNetSpec(16, 32, 128, 128, 4))  # 24 of its 32 layers
@@ -67,15 +69,21 @@ def measure(hidden: int, spec: DeltaNetSpec, verify: int, rows: int, repeats: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, help="a checkpoint whose shapes to measure (default: Qwen3.5-4B's)")
+    parser.add_argument("--verify", type=int, default=16, help="tokens of a verify call (the block)")
+    parser.add_argument("--longest-call", type=int, default=64, help="the longest call (a prefill chunk)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape = QWEN3_5_4B
-    for verify, rows in [(16, 64)]:  # the longest call: a prefill chunk of 64
-        m = measure(shape["hidden"], shape["spec"], verify, rows, args.repeats)
-        m["all_layers"] = {k: round(v * shape["layers"], 2) for k, v in m.items() if k.endswith(("_ms", "_bytes"))}
-        print(json.dumps(m))
+    if args.target:
+        a = model_args(load_config(args.target))
+        specs = [s for s in a.layers if isinstance(s, DeltaNetSpec)]
+        shape = dict(hidden=a.hidden_size, layers=len(specs), spec=specs[0])
+    m = measure(shape["hidden"], shape["spec"], args.verify, args.longest_call, args.repeats)
+    m["all_layers"] = {k: round(v * shape["layers"], 2) for k, v in m.items() if k.endswith(("_ms", "_bytes"))}
+    print(json.dumps(m))
 
 
 if __name__ == "__main__":

@@ -121,18 +121,30 @@ def test_a_short_bad_stretch_does_not_stop_a_good_draft():
 
 def test_a_round_that_ends_its_generation_counts_no_tokens_past_its_end():
     """Replies of 6 tokens, one round each (a block of 5 fits what is left): a longer block would have
-    emitted nothing more, so the window credits none (extrapolating would favour blocks of 16)."""
+    emitted nothing more, so the openings' window credits none (extrapolating would favour blocks of 16)."""
     planner = by_curve(curve(0.1))
     for _ in range(40):
         out = generate_dflash(target, ScriptedDraft(), TRUTH[:10], 6, set(), 1024, 16, 16, MASK, planner=planner)
         assert out.tokens == TRUTH[10:16] and len(out.rounds) == 1
-    assert planner.total[15] == pytest.approx(planner.total[4]) == 32 * 5
+    assert planner.openings.total[15] == pytest.approx(planner.openings.total[4]) == 32 * 5
+
+
+def test_openings_choose_their_block_from_their_own_window():
+    """Replies whose first round is all right (positions 11-25) and whose later rounds are right at two
+    positions in three: openings draft the largest block, later rounds a short one."""
+    planner = by_curve(curve(0.1))
+    draft = ScriptedDraft(right=lambda p: p < 26 or p % 3 != 0)
+    for _ in range(40):
+        out = generate_dflash(target, draft, TRUTH[:10], 40, set(), 1024, 16, 16, MASK, planner=planner)
+        assert out.tokens == TRUTH[10:50]
+    assert out.rounds[0].drafted == 15 and out.rounds[0].accepted == out.rounds[0].proposed  # k: by confidence
+    assert all(1 <= r.drafted <= 4 for r in out.rounds[1:-1])
 
 
 def test_probes_reset_when_the_draft_is_sure_again():
     planner = by_curve(curve(0.1))
     for _ in range(32):  # recent rounds: useless
-        planner._remember(expected_tokens([0.01] * 15))
+        planner.later.add(expected_tokens([0.01] * 15))
     blocks = [planner.block(100, 16) for _ in range(4)]
     assert blocks[0] > 1 and blocks[1:3] == [1, 1] and blocks[3] > 1  # a probe, two plain steps, a probe
     sure = torch.full((blocks[3] - 1, V), -10.0)

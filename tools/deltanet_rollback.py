@@ -80,6 +80,8 @@ def main() -> None:
     if args.target:
         a = model_args(load_config(args.target))
         specs = [s for s in a.layers if isinstance(s, DeltaNetSpec)]
+        if not specs:
+            raise SystemExit(f"{args.target} has no Gated DeltaNet layers; give a hybrid (Qwen3.5) checkpoint")
         shape = dict(hidden=a.hidden_size, layers=len(specs), spec=specs[0])
     m = measure(shape["hidden"], shape["spec"], args.verify, args.longest_call, args.repeats)
     m["all_layers"] = {k: round(v * shape["layers"], 2) for k, v in m.items() if k.endswith(("_ms", "_bytes"))}

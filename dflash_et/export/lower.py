@@ -16,10 +16,11 @@ import torch
 from torch.export import Dim, export
 
 from dflash_et.checkpoints.check import load_pair
-from dflash_et.checkpoints.load import checkpoint_id, eos_ids, load_config, recommended_sampling
+from dflash_et.checkpoints.load import build_target, checkpoint_id, eos_ids, load_config, recommended_sampling
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.files import write_json
+from dflash_et.models.block import ModelArgs
 from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
@@ -235,7 +236,7 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
               "get_uses_llama_custom_ops": config.backend != "mlx"}
     if kind == "target":
         sampling = {f"get_{k}": v for k, v in recommended_sampling(target_dir).items()}
-        hybrid = {"get_recurrent_state": True, "get_verify_rows": max_block} if recurrent(model) else {}
+        hybrid = {"get_recurrent_state": True, "get_verify_rows": max_block} if recurrent(model.args) else {}
         return common | sampling | hybrid | {"get_checkpoint_id": checkpoint_id(target_dir),
                                              "get_eos_ids": eos_ids(target_dir),
                                              "get_max_chunk": max(config.prefill_chunk, max_block)}
@@ -244,9 +245,9 @@ def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir:
                      "get_max_context": config.max_seq_len - 2}
 
 
-def recurrent(target: Target) -> bool:
-    """Whether the target has Gated DeltaNet layers (a hybrid model), whose state only goes forward."""
-    return any(isinstance(spec, DeltaNetSpec) for spec in target.args.layers)
+def recurrent(args: ModelArgs) -> bool:
+    """Whether a target has Gated DeltaNet layers (a hybrid model), whose state only goes forward."""
+    return any(isinstance(spec, DeltaNetSpec) for spec in args.layers)
 
 
 def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path,
@@ -264,8 +265,9 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     max_block = config.max_block_size or settings.block_size
     if not 2 <= max_block <= config.max_seq_len - 2:
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
-    if config.backend == "mlx" and any(kind == "linear_attention" for kind in
-                                       getattr(load_config(target_dir).get_text_config(), "layer_types", None) or []):
+    # before loading: an MLX cache would fail to build for these layers (the target's modules on the meta device
+    # cost nothing, and give unsupported checkpoints their usual error)
+    if config.backend == "mlx" and recurrent(build_target(load_config(target_dir), [], 1, empty=True).args):
         raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
                           "portable only; set export.backend=xnnpack")
     ring = max(config.prefill_chunk, max_block) if config.sliding_cache == "ring" and config.backend != "mlx" else None

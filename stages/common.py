@@ -13,7 +13,18 @@ PARAMS = Path("params.yaml")
 
 
 def params() -> dict:
-    return yaml.safe_load(PARAMS.read_text())
+    """params.yaml, with every prompt set left at `auto` resolved for `model.target` (see prompt_set)."""
+    p = yaml.safe_load(PARAMS.read_text())
+    for section, key in (("train_draft", "prompts"), ("validate", "prompt_set"), ("bench", "prompts")):
+        if (p.get(section) or {}).get(key) == "auto":
+            p[section][key] = prompt_set(str(p["model"]["target"]))
+    return p
+
+
+def prompt_set(target: str) -> str:
+    """`auto`: the built-in targets know only the project's corpus (`builtin`); any other target is a real
+    assistant and gets the assistant prompt set (dflash_et/data/assistant_prompts.jsonl)."""
+    return "builtin" if target.startswith("builtin") else "assistant"
 
 
 def run(main: Callable[[list[str]], None]) -> None:

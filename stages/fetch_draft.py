@@ -1,20 +1,30 @@
-"""fetch_draft stage: `python -m stages.fetch_draft TARGET_DIR OUT` puts the draft named by model.draft
-at OUT, checked against the target; `model.draft: train` trains one for it (the train_draft section)."""
+"""fetch_draft stage: `python -m stages.fetch_draft TARGET_DIR OUT LIVE_DIR` puts the draft named by
+model.draft at OUT, checked against the target; `model.draft: train` trains one for it (the train_draft
+section), logging to LIVE_DIR with DVCLive (its metrics.json is the stage's metric; a draft that was
+not trained here gets `{"trained": false}`)."""
 
 from functools import partial
 from pathlib import Path
 
 from dflash_et.checkpoints.fetch import fetch
+from dflash_et.files import staged_dir, write_json
 from dflash_et.training.train import TrainConfig, train_draft
 from stages.common import params, run
 
 
 def main(argv: list[str]) -> None:
-    target_dir, out = map(Path, argv)
+    target_dir, out, live_out = map(Path, argv)
     p = params()
     embed_scale = p["model"].get("draft_embed_scale")
-    trainer = partial(train_draft, config=TrainConfig(**(p.get("train_draft") or {}), embed_scale=embed_scale))
-    fetch("draft", str(p["model"]["draft"]), out, target_dir=target_dir, train=trainer, embed_scale=embed_scale)
+    with staged_dir(live_out) as live_dir:
+        trainer = partial(train_draft, config=TrainConfig(**(p.get("train_draft") or {}), embed_scale=embed_scale),
+                          live_dir=live_dir)
+        fetch("draft", str(p["model"]["draft"]), out, target_dir=target_dir, train=trainer, embed_scale=embed_scale)
+        if not (live_dir / "metrics.json").exists():  # every output dvc.yaml declares exists
+            write_json(live_dir / "metrics.json", {"trained": False})
+            (live_dir / "plots" / "metrics").mkdir(parents=True)
+            for name in ("loss", "lr"):  # DVCLive's TSV, header only
+                (live_dir / "plots" / "metrics" / f"{name}.tsv").write_text(f"step\t{name}\n")
 
 
 if __name__ == "__main__":

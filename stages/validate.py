@@ -23,6 +23,10 @@ def main(argv: list[str]) -> None:
     print(f"[validate] sampled DFlash vs plain sampling: {s['tests']} chi-square tests over {s['samples']} completions "
           f"each, smallest p-value {s['min_p_value']:.3g} (threshold {s['threshold']:.2g}), largest total variation "
           f"{s['max_total_variation']:.3f}")
+    t = report["transformers"]
+    print(f"[validate] target.pte vs transformers: skipped ({t['skipped']})" if "skipped" in t else
+          f"[validate] target.pte vs transformers: logits {t['logits_rel_err']:.2e}, taps {t['taps_rel_err']:.2e} "
+          f"(relative), greedy {'agrees' if not t['greedy_divergence'] else 'differs'}")
     if report["divergence"] and not report["failures"]:
         print(f"[validate] warning (allowed for reduced-precision programs): {report['divergence']}")
     if report["failures"]:

@@ -76,6 +76,11 @@ def test_repro_then_nothing_to_do(project):
     assert {"cost_curve", "reports/plots/speedup_by_block.csv"} <= set(plots), list(plots)
     report = json.loads((project / "reports/validate.json").read_text())
     assert report["lossless"] and report["failures"] == []
+    assert report["transformers"]["logits_rel_err"] < 1e-3 and report["transformers"]["greedy_divergence"] is None
+    trained = json.loads((project / "reports/train_draft/metrics.json").read_text())  # DVCLive's summary, in git
+    assert trained["steps"] == 30 and trained["heldout_tau"] >= 1.0
+    categories = set(json.loads((project / "reports/bench.json").read_text())["tau_by_category"])
+    assert categories <= {"math", "code", "chat", "summarize", "rewrite", "multi-turn"}  # prompts: auto -> assistant
     assert report["sampling"]["same_distribution"] and report["sampling"]["tests"] == 10  # 2 modes x tokens 2..6
     draft = json.loads((project / "artifacts/weights/draft/config.json").read_text())
     target = json.loads((project / "artifacts/weights/target/config.json").read_text())

@@ -87,6 +87,41 @@ def test_a_block_never_sees_taps_at_or_after_its_anchor(setup):
         assert batch_loss(draft, pack([changed], anchors, BLOCK, mask_id, 7.0)) != before
 
 
+def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair):
+    """Replies generated 4 prompts at a time (left-padded, different lengths) are each prompt's own greedy
+    reply, and their taps are what the target model computes over the whole sequence."""
+    from dflash_et.checkpoints.load import eos_ids, load_target
+    from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+    from dflash_et.runtime.generate import generate_ar
+    from dflash_et.training.train import target_sequences
+
+    target_dir, layers = trained_pair[0], [1, 3]
+    target, tok, eos = load_target(target_dir, layers, 256), tokenizer(target_dir), set(eos_ids(target_dir))
+    prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(5, split="train")]
+    assert len({len(p) for p in prompts}) > 1  # the batch is padded
+    seqs = target_sequences(target_dir, layers, prompts, 24, eos, batch=4)
+    for ids, seq in zip(prompts, seqs):
+        assert seq.tokens[:len(ids)].tolist() == ids and seq.prompt_len == len(ids)
+        assert seq.tokens[len(ids):].tolist() == generate_ar(target, ids, 24, eos, 256, 64).tokens
+        with torch.no_grad():
+            _, taps = target(seq.tokens[None], torch.arange(len(seq.tokens)))
+        assert len(seq.tokens) - 1 <= len(seq.taps) <= len(seq.tokens)
+        torch.testing.assert_close(seq.taps, taps[0, :len(seq.taps)], rtol=1e-4, atol=1e-4)
+
+
+def test_the_compute_budget_caps_the_steps(setup):
+    from dflash_et.training.train import planned_steps, step_macs
+
+    _, draft, _, _ = setup
+    config = TrainConfig(steps=50, batch=2, anchors=4, block_size=BLOCK)
+    cost = step_macs(config, draft)
+    assert cost == 2 * 4 * BLOCK * (2 * draft.lm_head.weight.numel() + 3 * sum(
+        p.numel() for p in draft.parameters() if p.requires_grad))
+    assert planned_steps(config, draft) == 50
+    assert planned_steps(TrainConfig(**{**config.__dict__, "compute_budget": 10.5 * cost}), draft) == 10
+    assert planned_steps(TrainConfig(**{**config.__dict__, "compute_budget": 1.0}), draft) == 1
+
+
 def test_loss_weights():
     w = loss_weights(16, 7.0)
     assert w.shape == (15,) and w[0] == 1.0 and math.isclose(w[7].item(), math.exp(-1.0), rel_tol=1e-6)
@@ -99,9 +134,11 @@ def test_short_training_raises_heldout_acceptance_and_round_trips(pair, tmp_path
     report = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
     assert report["heldout_tau"] > report["heldout_tau_untrained"] + 0.5, report
     assert "seconds" not in report  # the draft directory is a dependency: no clock values in it
-    curve = (tmp_path / "draft" / "train_loss.csv").read_text().splitlines()
-    assert curve[0] == "step,loss" and len(curve) == config.steps + 1
-    assert float(curve[-1].split(",")[1]) < float(curve[1].split(",")[1])
+    curve = (tmp_path / "draft" / "dvclive" / "plots" / "metrics" / "loss.tsv").read_text().splitlines()
+    assert curve[0] == "step\tloss" and len(curve) == config.steps + 1
+    assert float(curve[-1].split("\t")[1]) < float(curve[1].split("\t")[1])
+    summary = json.loads((tmp_path / "draft" / "dvclive" / "metrics.json").read_text())
+    assert summary["heldout_tau"] == report["heldout_tau"] and summary["steps"] == config.steps
     check_pair(pair[0], tmp_path / "draft")  # z-lab layout, fits the target
     other = tmp_path / "other-target"  # same shapes, another checkpoint (here: one more config key)
     shutil.copytree(pair[0], other)

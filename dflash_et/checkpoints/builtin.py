@@ -18,6 +18,7 @@ from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig,
                           Qwen3ForCausalLM)
 
 from dflash_et.checkpoints import zlab
+from dflash_et.checkpoints.load import eos_ids
 from dflash_et.data.corpus import samples
 from dflash_et.threads import all_cores
 
@@ -184,6 +185,6 @@ def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: 
 def write_draft(out: Path, target_dir: Path) -> None:
     """Write the built-in (random) draft in z-lab's layout for the target in `target_dir`."""
     target = json.loads((target_dir / "config.json").read_text())
-    mask = zlab.choose_mask_token(target_dir, target["vocab_size"])
+    mask = zlab.choose_mask_token(target_dir, target["vocab_size"], eos_ids(target_dir))
     config = zlab.draft_config(target, mask, DRAFT_LAYERS, DRAFT_BLOCK_SIZE)
     zlab.save_draft(out, config, zlab.init_draft_weights(config, SEED + 1))

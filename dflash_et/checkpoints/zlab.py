@@ -65,11 +65,20 @@ def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
                          causal=setting("is_causal", causal))
 
 
-def choose_mask_token(target_dir: Path, vocab_size: int) -> int:
-    """The mask token for a new draft, as z-lab's released drafts pick it: the tokenizer's own mask
-    token if it has one; else the first embedding row past the tokenizer's vocabulary (Qwen3 has 151669
-    tokens in 151936 rows: z-lab's Qwen3 drafts use 151669); else the first reserved special token
-    (Llama 3 fills every row but reserves `<|reserved_special_token_N|>`)."""
+def choose_mask_token(target_dir: Path, vocab_size: int, eos: tuple[int, ...] | list[int] = ()) -> int:
+    """The mask token for a new draft: z-lab's choices where the tokenizer offers one, else an EOS id.
+
+    z-lab's released drafts use the tokenizer's own mask token if it has one; else the first embedding
+    row past the tokenizer's vocabulary (Qwen3 has 151669 tokens in 151936 rows: its drafts use 151669);
+    else the first reserved *special* token (Llama 3 fills every row but reserves
+    `<|reserved_special_token_N|>`; an ordinary word such as SmolLM2's `Ġreserved` is no such token).
+
+    A tokenizer with none of these (SmolLM2: 49,152 tokens in 49,152 rows, three special tokens) gets
+    the target's first EOS id (`eos`, from its generation config). The mask is only an input marker: the draft sees it at block positions
+    1..B-1 and nowhere else (its context comes as taps, not tokens), while position 0 holds the anchor,
+    the last emitted token. Any fixed id would do, but an EOS id is the one id that is never an anchor,
+    since decoding stops there, so a block's anchor and its masks never look alike; and every chat
+    target has one. `train_draft.mask_token_id` overrides it."""
     tok = AutoTokenizer.from_pretrained(target_dir)
     vocab = tok.get_vocab()
     for name in (tok.mask_token, *MASK_NAMES):
@@ -77,11 +86,15 @@ def choose_mask_token(target_dir: Path, vocab_size: int) -> int:
             return vocab[name]
     if len(tok) < vocab_size:
         return len(tok)
-    reserved = sorted(i for name, i in vocab.items() if "reserved" in name and i < vocab_size)
+    reserved = sorted(i for i, t in tok.added_tokens_decoder.items()
+                      if t.special and "reserved" in t.content and i < vocab_size)
     if reserved:
         return reserved[0]
-    raise CheckpointError(f"target {target_dir}: its tokenizer fills all {vocab_size} embedding rows and has no mask "
-                          "or reserved token; pick one the target never generates with train_draft.mask_token_id")
+    eos = [i for i in eos if 0 <= i < vocab_size]
+    if eos:
+        return eos[0]
+    raise CheckpointError(f"target {target_dir}: its tokenizer fills all {vocab_size} embedding rows and has no mask, "
+                          "reserved or EOS token; pick one the target never generates with train_draft.mask_token_id")
 
 
 def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: int) -> dict:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from dflash_et.data.corpus import samples
+from dflash_et.data.corpus import SPLITS, samples
 
 PROMPT_SEED = 1234  # not the corpus seed the built-in models are made from
 
@@ -16,6 +16,12 @@ def builtin_prompts(n: int, seed: int = PROMPT_SEED, split: str = "eval") -> lis
     return [{"category": c, "prompt": p} for c, p, _ in samples(n, seed=seed, split=split)]
 
 
+# Prompt sets packaged with the project: `builtin` (the corpus the built-in targets learn from) and
+# `assistant` (what a real chat assistant gets, for real pretrained targets; written by
+# tools/make_assistant_prompts.py, its eval split disjoint from its train split by construction).
+PROMPT_SETS = ("builtin", "assistant")
+ASSISTANT_PROMPTS = Path(__file__).parent / "assistant_prompts.jsonl"
+
 # Benchmark sets on the Hugging Face hub, by short name: (dataset, config, split).
 DATASETS = {
     "gsm8k": ("openai/gsm8k", "main", "test"),
@@ -24,22 +30,31 @@ DATASETS = {
 }
 
 
-def load_prompts(source: str, n: int) -> list[dict]:
-    """The first `n` prompts of `source`: `builtin`, a JSONL file, a hub benchmark by name
-    (gsm8k, humaneval, mt-bench) or any dataset as `hf:<repo or dir>[:config][@split]`.
+def load_prompts(source: str, n: int, split: str = "eval") -> list[dict]:
+    """The first `n` prompts of `source`'s `split`: a packaged set (see PROMPT_SETS), a JSONL file, a hub
+    benchmark by name (gsm8k, humaneval, mt-bench) or any dataset as `hf:<repo or dir>[:config][@split]`.
 
-    A row's text is its `prompt`, `question` or first of `turns`; its category is its `category`
-    field, else the source's name.
+    `split` (train or eval) keeps drafts from training on what is measured: a packaged set has both, and a
+    file's rows with a `split` field count only for that split (rows without one count for both). Hub
+    benchmarks are only ever measured, so they are used whole.
+
+    A row's prompt is its `messages` (a conversation that ends on the user turn to answer, kept as the
+    list), else its `prompt`, `question` or first of `turns`; its category is its `category` field,
+    else the source's name.
     """
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not one of {SPLITS}")
     if source == "builtin":
-        return builtin_prompts(n)
+        return builtin_prompts(n, split=split)
     if source in DATASETS or source.startswith("hf:"):
         return _dataset_prompts(source, n)
-    path = Path(source)
+    path = ASSISTANT_PROMPTS if source == "assistant" else Path(source)
     if not path.is_file():
-        raise ValueError(f"prompts {source!r}: not 'builtin', a JSONL file, 'hf:<dataset>' or one of {sorted(DATASETS)}")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [_prompt_row(row, "file", f"{path}:{i + 1}") for i, row in enumerate(rows[:n])]
+        raise ValueError(f"prompts {source!r}: not 'builtin', a JSONL file, 'hf:<dataset>' or one of "
+                         f"{sorted({*PROMPT_SETS, *DATASETS})}")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    picked = [(i, row) for i, row in enumerate(rows) if row.get("split", split) == split][:n]
+    return [_prompt_row(row, "file", f"{path}:{i + 1}") for i, row in picked]
 
 
 def _dataset_prompts(source: str, n: int) -> list[dict]:
@@ -61,11 +76,18 @@ def _dataset_prompts(source: str, n: int) -> list[dict]:
 
 
 def _prompt_row(row: dict, category: str, where: str) -> dict:
+    if "messages" in row:
+        messages = row["messages"]
+        turns = isinstance(messages, list) and all(
+            isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in messages)
+        if not (turns and messages and messages[-1]["role"] == "user"):
+            raise ValueError(f"{where}: 'messages' must be a list of {{'role', 'content'}} turns ending on a user turn")
+        return {"category": row.get("category") or category, "prompt": messages}
     text = row.get("prompt") or row.get("question") or row.get("turns")
     if isinstance(text, list):
         text = text[0] if text else None
     if not text:
-        raise ValueError(f"{where}: no 'prompt', 'question' or 'turns' field")
+        raise ValueError(f"{where}: no 'prompt', 'question' or 'turns' field, nor 'messages'")
     return {"category": row.get("category") or category, "prompt": text}
 
 
@@ -73,10 +95,12 @@ def tokenizer(target_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(target_dir)
 
 
-def encode_chat(tok: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """One user turn through the chat template, generation prompt added, Qwen3 thinking off."""
+def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict]) -> list[int]:
+    """A prompt through the chat template, generation prompt added, Qwen3 thinking off: a string is one user
+    turn, a list of messages a whole conversation (the reply answers its last user turn). A tokenizer without
+    a template gets the plain text, a conversation's turns one per line."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if tok.chat_template is None:
-        return tok.encode(prompt)
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                   add_generation_prompt=True, enable_thinking=False)
+        return tok.encode("\n".join(m["content"] for m in messages))
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     return tok.encode(text, add_special_tokens=False)

@@ -21,7 +21,8 @@ from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
-from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.reports import transformers_oracle
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ValidateConfig:
     """
 
     prompts: int = 4
+    prompt_set: str = "builtin"   # builtin | assistant | a JSONL file (its eval split; see prompts.load_prompts)
     max_new_tokens: int = 32
     fp32: Limits = Limits(1e-3, 0.99, True)
     reduced: Limits = Limits(0.05, 0.9, False)
@@ -147,6 +149,27 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
     return matched / runs, first_divergence, taus
 
 
+def _text(prompt: str | list[dict]) -> str:
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
+def against_transformers(programs, target_dir: Path, layer_ids: list[int], prompts: list[list[int]],
+                         labels: list[str], eos: set[int], max_new_tokens: int) -> dict:
+    """target.pte against transformers' model of the checkpoint (see transformers_oracle): the worst relative
+    error of logits and taps over the call plan, and whether plain greedy decoding agrees (ties aside)."""
+    target_p, draft_p = programs
+    model = transformers_oracle.load_reference(target_dir)
+    meta = target_p.meta
+    worst, divergence = [0.0, 0.0], None
+    for ids, label in zip(prompts, labels):
+        plan = call_plan(ids, meta["max_chunk"], draft_p.meta["max_block_size"], meta["max_seq_len"])
+        worst = [max(w, e) for w, e in zip(worst, transformers_oracle.compare_calls(target_p, model, plan, layer_ids))]
+        tokens = generate_ar(target_p, ids, max_new_tokens, eos, meta["max_seq_len"], meta["max_chunk"]).tokens
+        where = transformers_oracle.greedy_divergence(model, ids, tokens, eos)
+        divergence = divergence or (where and f"{where} on {label}")
+    return {"logits_rel_err": worst[0], "taps_rel_err": worst[1], "greedy_divergence": divergence}
+
+
 def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
     """Run every check; returns the report (with `failures`, empty when all passed).
 
@@ -167,22 +190,31 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         quantize(model.to(DTYPES[export_config.dtype]), export_config)
     eager = (target, draft, settings)
     tok = tokenizer(target_dir)
-    rows = builtin_prompts(config.prompts)
+    rows = load_prompts(config.prompt_set, config.prompts)
     prompts = [encode_chat(tok, r["prompt"]) for r in rows]
-    labels = [f"prompt {i} ({r['prompt'][:40]!r})" for i, r in enumerate(rows)]
+    labels = [f"prompt {i} ({_text(r['prompt'])[:40]!r})" for i, r in enumerate(rows)]
 
     numerics = compare_numerics(programs, eager, prompts, labels)
     eos = set(programs[0].meta["eos_ids"])
+    exact = export_config.quantize == "none" and export_config.dtype == "fp32"
+    limits = config.fp32 if exact else config.reduced
+    oracle = against_transformers(programs, target_dir, settings.target_layer_ids, prompts, labels, eos,
+                                  config.max_new_tokens) if exact else \
+        {"skipped": "reduced precision: compared with its quantized eager twin only"}
     lossless_fraction, why, taus = check_lossless(programs, prompts, labels, eos, config.max_new_tokens,
                                                   eager[2].mask_token_id)
     sampling = check_sampling(programs, prompts, labels, eos, eager[2].mask_token_id, config.sampling)
     worst = numerics["worst"]
-    exact = export_config.quantize == "none" and export_config.dtype == "fp32"
-    limits = config.fp32 if exact else config.reduced
     failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {limits.max_rel_err:g} on {worst[f'{name}_rel'].where}"
                 for name in ("target", "draft") if worst[f"{name}_rel"].value > limits.max_rel_err]
     if numerics["token_agreement"] < limits.min_token_agreement:
         failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}")
+    for key in ("logits", "taps"):
+        if oracle.get(f"{key}_rel_err", 0.0) > limits.max_rel_err:
+            failures.append(f"target {key} differ from transformers' model by {oracle[f'{key}_rel_err']:.3g} "
+                            f"(relative) > {limits.max_rel_err:g}")
+    if oracle.get("greedy_divergence"):
+        failures.append(oracle["greedy_divergence"])
     if why and limits.require_lossless:
         failures.append(why)
     if not sampling["same_distribution"] and limits.require_lossless:
@@ -194,6 +226,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         "token_agreement": numerics["token_agreement"], "lossless": why is None,
         "lossless_fraction": lossless_fraction,
         "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},
-        "divergence": why, "sampling": sampling, "prompts": len(prompts), "limits": asdict(limits),
+        "divergence": why, "sampling": sampling, "transformers": oracle, "prompts": len(prompts),
+        "limits": asdict(limits),
         "failures": failures,
     }

@@ -1,13 +1,18 @@
 """Training a DFlash draft for any target, following z-lab's published recipe.
 
 Data are the target's own greedy responses (so the draft learns what the target will say, not
-what a dataset says). Per sequence, anchor positions are sampled; each training block is
+what a dataset says), generated in batches by transformers' `generate`, whose forward passes also
+give every position's taps (HF `hidden_states[i + 1]` is layer i's output, as in the target program). Per sequence, anchor positions are sampled; each training block is
 `[anchor token, mask x (B-1)]` at the anchor's positions, whose rows see the target taps of the
 positions before the anchor and the whole block (bidirectional inside the block, nothing after
 it). One step packs every block of every sequence in the batch into one call of the very
 `Draft.forward` that is exported, with that visibility as its mask. The loss is cross-entropy on
 the B-1 masked positions, position k weighted by exp(-(k-1)/gamma): early positions matter most,
 since a block is accepted left to right. The target's embedding and head are borrowed and frozen.
+Their cost per block row (vocab x hidden, twice: forward and the input gradient) dominates a step
+for real vocabularies, so `compute_budget` caps the steps by multiply-accumulates, not seconds:
+the same target gets the same draft on every machine. Loss, learning rate and held-out tau are
+logged with DVCLive.
 
 Data-parallel under `torchrun` through DistributedDataParallel (gloo on CPU, NCCL on GPUs):
 each rank draws different sequences and anchors; DDP averages the gradients.
@@ -22,14 +27,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
-from dflash_et.data.prompts import builtin_prompts, encode_chat, load_prompts, tokenizer
-from dflash_et.files import write_csv, write_json
+from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, encode_chat, load_prompts, tokenizer
+from dflash_et.files import write_json
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
-from dflash_et.runtime.generate import generate_ar, generate_dflash, pooled_tau
+from dflash_et.runtime.generate import generate_dflash, pooled_tau
 from dflash_et.threads import all_cores
 
 TRAIN_PROMPT_SEED = 4321
@@ -39,17 +45,19 @@ TRAIN_PROMPT_SEED = 4321
 class TrainConfig:
     """The `train_draft` section of params.yaml."""
 
-    steps: int = 2000
+    steps: int = 2000             # at most; see compute_budget
+    compute_budget: float | None = None  # multiply-accumulates a run may spend (None: no cap); see planned_steps
     lr: float = 1e-3
     batch: int = 4                # sequences per step (per rank)
     block_size: int = 16
     anchors: int = 16             # anchors sampled per sequence
     gamma: float = 7.0
     num_layers: int = 2
-    prompts: str = "builtin"      # builtin | a JSONL file (see prompts.load_prompts)
+    prompts: str = "builtin"      # builtin | assistant | a JSONL file (see prompts.load_prompts)
     num_prompts: int = 768
     heldout: int = 12             # prompts kept out of training, for the acceptance estimate
     max_new_tokens: int = 48
+    generate_batch: int = 16      # prompts per batched generation of the target's replies
     max_seq_len: int = 512
     mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
     embed_scale: float | None = None  # model.draft_embed_scale: None, the target's own (see zlab.DraftSettings)
@@ -59,8 +67,8 @@ class TrainConfig:
 @dataclass
 class Sequence:
     tokens: torch.Tensor          # [L] prompt + the target's greedy response
-    taps: torch.Tensor            # [L, k*H] the target's hidden states at every position
-    prompt_len: int
+    taps: torch.Tensor            # [L-1 or L, k*H] the target's taps (the last token's is never seen: no
+    prompt_len: int               # anchor lies past it, and generation never feeds it)
 
 
 @dataclass
@@ -76,16 +84,40 @@ class Batch:
     weights: torch.Tensor         # [R] loss weight of each row
 
 
-def target_sequences(target: Target, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[Sequence]:
-    """The target's own greedy continuation of each prompt, and its taps over the whole sequence."""
-    out = []
-    with torch.no_grad():
-        for ids in prompts:
-            reply = generate_ar(target, ids, max_new_tokens, eos, target.max_seq_len, 64).tokens
-            tokens = torch.tensor(ids + reply)
-            _, taps = target(tokens[None], torch.arange(len(tokens)))
-            out.append(Sequence(tokens, taps[0], len(ids)))
-    return out
+def target_sequences(target_dir: Path, layer_ids: list[int], prompts: list[list[int]], max_new_tokens: int,
+                     eos: set[int], batch: int = 16) -> list[Sequence]:
+    """The target's own greedy continuation of each prompt, with its taps, through transformers' `generate`
+    on `batch` prompts at a time (left-padded; prompts sorted by length, so little is padding). The
+    forward passes that generate a reply also give the taps of every position before its last token."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    pad = next(iter(sorted(eos)), 0)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: dict[int, Sequence] = {}
+    with torch.no_grad(), tqdm(total=len(prompts), desc="[train_draft] target replies", unit="reply") as bar:
+        for first in range(0, len(order), batch):
+            picks = order[first:first + batch]
+            width = max(len(prompts[i]) for i in picks)
+            ids = torch.full((len(picks), width), pad)
+            attention = torch.zeros(len(picks), width, dtype=torch.long)
+            for row, i in enumerate(picks):
+                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+                attention[row, width - len(prompts[i]):] = 1
+            gen = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                                 do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=pad,
+                                 output_hidden_states=True, return_dict_in_generate=True)
+            # per step, [1 + layers] hidden states of the tokens it fed: the prompt, then one token each
+            steps = [torch.cat([h[i + 1] for i in layer_ids], dim=-1) for h in gen.hidden_states]
+            fed = torch.cat(steps, dim=1)  # [B, width + steps - 1, k*H]
+            for row, i in enumerate(picks):
+                reply = gen.sequences[row, width:].tolist()
+                reply = next((reply[:j + 1] for j, t in enumerate(reply) if t in eos), reply)
+                tokens = torch.tensor(prompts[i] + reply)
+                taps = fed[row, width - len(prompts[i]):width - len(prompts[i]) + len(tokens)]
+                out[i] = Sequence(tokens, taps.clone(), len(prompts[i]))
+            bar.update(len(picks))
+    return [out[i] for i in range(len(prompts))]
 
 
 def sample_anchors(seq: Sequence, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -103,8 +135,8 @@ def loss_weights(block: int, gamma: float) -> torch.Tensor:
 
 def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_token_id: int, gamma: float) -> Batch:
     """One batch of blocks: a row of anchor i of sequence s sees the taps of s before the anchor and block i."""
-    ctx_seq = torch.cat([torch.full((len(s.tokens),), i) for i, s in enumerate(seqs)])
-    ctx_pos = torch.cat([torch.arange(len(s.tokens)) for s in seqs])
+    ctx_seq = torch.cat([torch.full((len(s.taps),), i) for i, s in enumerate(seqs)])
+    ctx_pos = torch.cat([torch.arange(len(s.taps)) for s in seqs])
     rows = [(i, a) for i, a_s in enumerate(anchors) for a in a_s.tolist()]
     row_seq = torch.tensor([i for i, _ in rows]).repeat_interleave(block)
     row_anchor = torch.tensor([a for _, a in rows]).repeat_interleave(block)
@@ -136,7 +168,7 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
     target_config = json.loads((target_dir / "config.json").read_text())
     mask = config.mask_token_id
     if mask is None:
-        mask = zlab.choose_mask_token(target_dir, target.args.vocab_size)
+        mask = zlab.choose_mask_token(target_dir, target.args.vocab_size, eos_ids(target_dir))
     draft_cfg = zlab.draft_config(target_config, mask, config.num_layers, config.block_size)
     if config.embed_scale is not None:
         draft_cfg["dflash_config"]["embed_scale"] = float(config.embed_scale)
@@ -151,19 +183,40 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
 
 
 def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[int], config: TrainConfig,
-               mask_token_id: int) -> float:
+               mask_token_id: int, label: str) -> float:
     """tau (tokens per round) of eager greedy DFlash with this draft on `prompts`."""
     with torch.no_grad():
         return pooled_tau([generate_dflash(target, draft, ids, config.max_new_tokens, eos, target.max_seq_len, 64,
-                                           config.block_size, mask_token_id) for ids in prompts])
+                                           config.block_size, mask_token_id)
+                           for ids in tqdm(prompts, desc=f"[train_draft] held-out tau, {label}", unit="prompt")])
+
+
+def step_macs(config: TrainConfig, draft: Draft) -> float:
+    """Multiply-accumulates of one training step, roughly: per block row, the frozen head forward and its
+    input gradient (2 x vocab x hidden) and the draft's own weights forward and backward (3 x params)."""
+    rows = config.batch * config.anchors * config.block_size
+    head = draft.lm_head.weight.numel()
+    own = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    return rows * (2 * head + 3 * own)
+
+
+def planned_steps(config: TrainConfig, draft: Draft) -> int:
+    """`steps`, or fewer when `compute_budget` runs out first: a budget in operations, not seconds, so a
+    target gets the same draft on every machine."""
+    if config.compute_budget is None:
+        return config.steps
+    return max(1, min(config.steps, int(config.compute_budget // step_macs(config, draft))))
 
 
 def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
-    """(held-out rows, training rows). Built-in prompts: training from the `train` split only and
+    """(held-out rows, training rows). The project's prompt sets: training from the `train` split only and
     held-out from `eval`, the split validate and bench measure; a file: its first rows held out."""
     if config.prompts == "builtin":
         return (builtin_prompts(config.heldout, seed=TRAIN_PROMPT_SEED, split="eval"),
                 builtin_prompts(config.num_prompts, seed=TRAIN_PROMPT_SEED, split="train"))
+    if config.prompts in PROMPT_SETS:
+        return (load_prompts(config.prompts, config.heldout, split="eval"),
+                load_prompts(config.prompts, config.num_prompts, split="train"))
     rows = load_prompts(config.prompts, config.num_prompts + config.heldout)
     return rows[:config.heldout], rows[config.heldout:]
 
@@ -175,9 +228,10 @@ def _check_mask_token(target_dir: Path, mask: int, vocab_size: int) -> None:
 
 
 @all_cores()
-def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print) -> dict:
+def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print, live_dir: Path | None = None) -> dict:
     """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with
-    `train_draft.json` (held-out tau before/after, the target's fingerprint) and `train_loss.csv`.
+    `train_draft.json` (held-out tau before/after, the target's fingerprint). DVCLive logs loss, learning
+    rate and held-out tau to `live_dir` (default `out_dir/dvclive`; the pipeline's: reports/train_draft).
     Under torchrun every rank writes the same draft to its `out_dir`. Returns the report."""
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = 0
@@ -185,13 +239,16 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print)
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         rank = torch.distributed.get_rank()
     try:
-        return _train(target_dir, out_dir, config, rank, distributed, log)
+        return _train(target_dir, out_dir, config, rank, distributed, log, live_dir or out_dir / "dvclive")
     finally:
         if distributed:
             torch.distributed.destroy_process_group()
 
 
-def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, distributed: bool, log) -> dict:
+def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, distributed: bool, log,
+           live_dir: Path) -> dict:
+    from dvclive import Live
+
     torch.manual_seed(config.seed)
     num_layers = load_config(target_dir).num_hidden_layers
     target = load_target(target_dir, zlab.default_target_layer_ids(num_layers, config.num_layers), config.max_seq_len)
@@ -206,9 +263,13 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
     heldout = [encode_chat(tok, r["prompt"]) for r in heldout_rows]
     train_prompts = [encode_chat(tok, r["prompt"]) for r in train_rows]
     t0 = time.perf_counter()
-    data = target_sequences(target, train_prompts, config.max_new_tokens, eos)
+    data = target_sequences(target_dir, target.layer_ids, train_prompts, config.max_new_tokens, eos,
+                            config.generate_batch)
     log(f"[train_draft] {len(data)} target responses in {time.perf_counter() - t0:.0f} s (mask token {mask_id})")
-    tau_before = acceptance(target, draft, heldout, eos, config, mask_id)
+    tau_before = acceptance(target, draft, heldout, eos, config, mask_id, "untrained")
+    steps = planned_steps(config, draft)
+    log(f"[train_draft] {steps} steps of {step_macs(config, draft):.2e} MACs"
+        + (f" (compute_budget {config.compute_budget:.2e})" if steps < config.steps else ""))
 
     model = draft
     if distributed:  # every rank steps with the mean gradient; the caches are not model state
@@ -216,10 +277,11 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / config.steps)))
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     gen = torch.Generator().manual_seed(config.seed * 1000 + rank)
     losses = []
-    for step in range(config.steps):
+    live = Live(str(live_dir), save_dvc_exp=False, dvcyaml=None) if rank == 0 else None
+    for step in tqdm(range(steps), desc="[train_draft] training", unit="step", disable=rank != 0):
         picks = [data[i] for i in torch.randint(0, len(data), (config.batch,), generator=gen).tolist()]
         batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
                      config.gamma)
@@ -230,16 +292,21 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
         opt.step()
         schedule.step()
         losses.append(loss.item())
-        if step % 50 == 0 or step == config.steps - 1:
-            log(f"[train_draft] step {step}: loss {loss.item():.3f}")
+        if live:
+            live.log_metric("loss", losses[-1])
+            live.log_metric("lr", schedule.get_last_lr()[0])
+            live.next_step()
 
-    tau_after = acceptance(target, draft, heldout, eos, config, mask_id)
+    tau_after = acceptance(target, draft, heldout, eos, config, mask_id, "trained")
     log(f"[train_draft] held-out tau {tau_before:.2f} -> {tau_after:.2f} ({time.perf_counter() - t0:.0f} s)")
-    report = {"steps": config.steps, "final_loss": losses[-1], "heldout_tau_untrained": tau_before,
+    report = {"steps": steps, "final_loss": losses[-1], "heldout_tau_untrained": tau_before,
               "heldout_tau": tau_after, "target_checkpoint_id": checkpoint_id(target_dir),
               "train_sequences": len(data), "mask_token_id": mask_id, "config": asdict(config)}
+    if live:  # the run's summary (metrics.json): what `dvc exp show` lists as train_draft's metrics
+        for key in ("heldout_tau_untrained", "heldout_tau", "final_loss", "steps", "train_sequences"):
+            live.summary[key] = report[key]
+        live.end()
     # the checkpoint carries its own training report; timings only go to the log
     zlab.save_draft(out_dir, draft_cfg, draft.state_dict())
-    write_csv(out_dir / "train_loss.csv", [{"step": i, "loss": v} for i, v in enumerate(losses)])
     write_json(out_dir / "train_draft.json", report)
     return report

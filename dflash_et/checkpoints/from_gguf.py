@@ -4,8 +4,11 @@ A `.gguf` holds weights, config and tokenizer in llama.cpp's names. transformers
 its own (config keys, the tokenizer rebuilt as a fast tokenizer with the file's chat template, llama's
 Q/K rows un-permuted) and dequantizes every type gguf-py implements, so the fetched checkpoint is
 exactly the model `from_pretrained(dir, gguf_file=...)` builds and nothing downstream knows it came
-from a GGUF. ExecuTorch's model-free reader (`executorch.extension.llm.export.load.iter_checkpoint`)
-yields tensors alone: no config, no tokenizer, and llama.cpp's names (see the README).
+from a GGUF. ExecuTorch 1.5.1's model-free reader (`executorch.extension.llm.export.load.iter_checkpoint`)
+is no alternative for this: it yields llama.cpp's tensor names with llama's Q/K rows still permuted,
+no config and no tokenizer, and keeps only Q4_K, Q5_K and Q6_K, refusing Q4_0, Q4_1 and Q8_0 (SmolLM2's
+file fails at its first tensor). Its strength, K-quants kept quantized, matters for exporting models
+too large to dequantize, not for a checkpoint written once.
 """
 
 import re

@@ -73,9 +73,11 @@ def test_failed_checks_say_which_by_how_much_and_where(programs, trained_pair):
     strict = validate_config(prompts=1, max_new_tokens=8,
                              fp32={"max_rel_err": 1e-12, "min_token_agreement": 1.0, "require_lossless": True})
     failures = validate(programs, *trained_pair, strict)["failures"]
-    assert len(failures) == 2
+    assert len(failures) == 4
     assert failures[0].startswith("target_rel_err ") and " > 1e-12 on prompt 0 ('" in failures[0]
     assert failures[1].startswith("draft_rel_err ") and "on prompt 0 (" in failures[1]
+    for failure, output in zip(failures[2:], ("logits", "taps")):  # the independent oracle fails too
+        assert failure.startswith(f"target {output} differ from transformers' model by ") and "> 1e-12" in failure
 
 
 def test_validate_stage_fails_with_the_failures(programs, trained_pair, tmp_path, monkeypatch):

@@ -63,8 +63,8 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
             from_gguf.write_from_gguf(smollm2_gguf(), tmp, f"target {source}")
         elif from_gguf.is_gguf(source) and role == "target":
             path = Path(source).expanduser()
-            if not path.exists() and from_gguf.HUB_GGUF.match(source):
-                path = from_gguf.download_gguf(source, param)
+            if not path.exists() and (m := from_gguf.HUB_GGUF.match(source)):
+                path = _download_gguf(m, source, param)
             from_gguf.write_from_gguf(path, tmp, f"target {source}")
         elif source == TRAIN and role == "draft":
             if train is None:
@@ -120,9 +120,21 @@ def _download(source: str, dst: Path, param: str) -> None:
     try:
         snapshot = snapshot_download(repo_id, revision=revision or None, allow_patterns=CHECKPOINT_FILES)
     except Exception as e:  # noqa: BLE001  network boundary: HTTP, proxy, offline, gated, not found
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"{param}: cannot download {source!r} from the Hugging Face hub ({type(e).__name__}: {reason}). "
-            f"Set {param} to a local checkpoint directory or to '{BUILTIN}'"
-        ) from None
+        raise _hub_error(e, source, param, f"Set {param} to a local checkpoint directory or to '{BUILTIN}'") from None
     _copy_checkpoint(Path(snapshot), dst, param)
+
+
+def _download_gguf(m: re.Match, source: str, param: str) -> Path:
+    """One GGUF file of a hub repo (`owner/name[@revision]:file.gguf`), through the same cache."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(m["repo"], m["file"], revision=m["revision"]))
+    except Exception as e:  # noqa: BLE001  network boundary, as in _download
+        raise _hub_error(e, source, param, "Give a local .gguf path instead") from None
+
+
+def _hub_error(e: Exception, source: str, param: str, fix: str) -> CheckpointError:
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return CheckpointError(f"{param}: cannot download {source!r} from the Hugging Face hub "
+                           f"({type(e).__name__}: {reason}). {fix}")

@@ -11,6 +11,7 @@ file fails at its first tensor). Its strength, K-quants kept quantized, matters 
 too large to dequantize, not for a checkpoint written once.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -28,23 +29,6 @@ FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat1
 
 def is_gguf(source: str) -> bool:
     return source.lower().endswith(".gguf")
-
-
-def download_gguf(source: str, param: str) -> Path:
-    """The file named by `repo[@revision]:file.gguf`, from the Hugging Face cache (HF_HOME, HF_TOKEN and
-    HF_HUB_OFFLINE apply), downloaded first if need be."""
-    from huggingface_hub import hf_hub_download
-
-    m = HUB_GGUF.match(source)
-    if m is None:
-        raise CheckpointError(f"{param}={source!r}: a GGUF on the hub is 'owner/name[@revision]:file.gguf'; "
-                              "a local one is a path to the file")
-    try:
-        return Path(hf_hub_download(m["repo"], m["file"], revision=m["revision"]))
-    except Exception as e:  # noqa: BLE001  network boundary: HTTP, proxy, offline, gated, not found
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{param}: cannot download {source!r} from the Hugging Face hub "
-                              f"({type(e).__name__}: {reason}); give a local .gguf path instead") from None
 
 
 def _reader(path: Path, name: str):
@@ -82,14 +66,14 @@ def check_gguf(path: Path, name: str) -> tuple[str, torch.dtype]:
         model_type = None
     if model_type not in SUPPORTED_TARGETS:
         raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; GGUF targets can be {ours}")
-    types = {t.tensor_type.name for t in reader.tensors}
-    unknown = sorted(types - supported_types())
+    supported = supported_types()
+    unknown = sorted({t.tensor_type.name for t in reader.tensors} - supported)
     if unknown:
         raise CheckpointError(f"{name}: GGUF tensor type(s) {unknown} cannot be dequantized; supported: "
-                              f"{sorted(supported_types())}")
+                              f"{sorted(supported)}")
     matrices = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
-    dtype = FLOAT_TYPES[matrices.pop()] if len(matrices) == 1 and matrices <= set(FLOAT_TYPES) else torch.float32
-    return model_type, dtype
+    only = next(iter(matrices)) if len(matrices) == 1 else None
+    return model_type, FLOAT_TYPES.get(only, torch.float32)
 
 
 def write_from_gguf(path: Path, out: Path, name: str) -> None:
@@ -124,8 +108,6 @@ def save_tokenizer(tokenizer, out: Path) -> None:
     GGUF), and on loading, such a class rebuilds its own pre-tokenizer over the file's: a GGUF whose
     pre-tokenizer differs would then encode differently after the round trip. The generic class keeps
     the file's."""
-    import json
-
     from transformers import AutoTokenizer
 
     tokenizer.save_pretrained(out)

@@ -20,8 +20,8 @@ def main(argv: list[str]) -> None:
     print(f"[validate] lossless={report['lossless']} ({report['lossless_fraction']:.0%} of runs) target_rel_err={report['target_rel_err']:.2e} "
           f"draft_rel_err={report['draft_rel_err']:.2e} token_agreement={report['token_agreement']:.4f}")
     s = report["sampling"]
-    print(f"[validate] sampled DFlash vs plain sampling: {s['tests']} chi-square tests over {s['samples']} completions "
-          f"each, smallest p-value {s['min_p_value']:.3g} (threshold {s['threshold']:.2g}), largest total variation "
+    print(f"[validate] sampled DFlash vs target.pte's distribution: {s['tests']} chi-square tests over {s['samples']} "
+          f"completions each, smallest p-value {s['min_p_value']:.3g} (threshold {s['threshold']:.2g}), largest total variation "
           f"{s['max_total_variation']:.3f}")
     t = report["transformers"]
     print(f"[validate] target.pte vs transformers: skipped ({t['skipped']})" if "skipped" in t else

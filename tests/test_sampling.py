@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from dflash_et.reports.same_distribution import chi_square, total_variation
+from dflash_et.reports.same_distribution import chi_square, goodness_of_fit, p_value, total_variation
 from dflash_et.runtime.sampling import Sampler, Sampling, acceptance, distribution, nucleus, residual
 
 V, N = 5, 2  # vocabulary, proposals per round (block 3)
@@ -213,3 +213,17 @@ def test_chi_square_pools_rare_tokens_and_detects_a_shift():
     assert shifted[2] < 1e-5
     assert chi_square(Counter({7: 10}), Counter({7: 30}))[2] == 1.0
 
+
+
+def test_goodness_of_fit_pools_rare_tokens_and_fails_impossible_ones():
+    probs = torch.tensor([0.5, 0.3, 0.196, 0.004, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    right = Counter(torch.multinomial(probs, 1000, replacement=True, generator=gen).tolist())
+    statistic, dof = goodness_of_fit(right, 1000 * probs)
+    assert dof == 2 and p_value(statistic, dof) > 1e-2  # token 3 (expected 4) pooled into the smallest bin
+    shifted = Counter(torch.multinomial(torch.tensor([0.45, 0.35, 0.196, 0.004, 0.0]), 1000, replacement=True,
+                                        generator=gen).tolist())
+    assert p_value(*goodness_of_fit(shifted, 1000 * probs)) < 1e-3
+    assert p_value(*goodness_of_fit(Counter({0: 500, 4: 1}), 501 * probs)) == 0.0  # the target cannot emit token 4
+    assert p_value(*goodness_of_fit(Counter({0: 7}), 7 * probs)) == 1.0  # too few to test
+    assert total_variation(Counter({0: 5, 1: 5}), torch.tensor([0.5, 0.25, 0.25])) == pytest.approx(0.25)

@@ -7,7 +7,8 @@ causally. The next call's context overwrites those block entries. Positions must
 
 Training passes many blocks at once: `block_pos` (each block row's position) and `block_mask`
 [rows, n + rows] (which context and block rows each row may see); the cache is then left alone
-and logits come back for every row.
+and logits come back for the rows in `logit_rows` (default: every row). The head is most of a
+training step's cost for a real vocabulary, so rows that carry no loss skip it.
 """
 
 import torch
@@ -33,7 +34,8 @@ class Draft(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
-                block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor:
+                block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None,
+                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         n, b = hidden.shape[1], tokens.shape[1]
         if block_mask is None:
             start = start_position(input_pos, n + b, self.max_seq_len)
@@ -48,4 +50,9 @@ class Draft(nn.Module):
             x = layer(x, rope, start, positions, ctx, block_mask)
         if block_mask is None:
             x = x[:, 1:b]  # the anchor's row predicts nothing; explicit end, as in Attention
-        return softcap(self.lm_head(self.norm(x)) * self.logit_scale, self.args.logit_softcap)
+        elif logit_rows is not None:
+            x = x[:, logit_rows]
+        logits = self.lm_head(self.norm(x))
+        if self.logit_scale != 1.0:  # a full-vocabulary multiply (and its gradient) saved when it is none
+            logits = logits * self.logit_scale
+        return softcap(logits, self.args.logit_softcap)

@@ -31,10 +31,10 @@ class BenchConfig:
     prompts: str = "builtin"    # builtin | path to a JSONL file ({"prompt": ..., "category": ...} per line)
     num_prompts: int = 30
     max_new_tokens: int = 64
-    repeats: int = 3
+    repeats: int = 1
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
-    latency_repeats: int = 20   # sweeps of decoding rounds timed for the cost curve (`adaptive._typical`)
-    block_sizes: tuple[int, ...] = (2, 4, 8, 12, 16)  # fixed blocks measured beside auto (those the programs take)
+    latency_repeats: int = 10   # sweeps of decoding rounds timed for the cost curve (`adaptive._typical`)
+    block_sizes: tuple[int, ...] = (2, 4, 8, 16)  # fixed blocks measured beside auto (those the programs take)
     temperature: float | str = 0.0  # 0: greedy; "recommended": the checkpoint's temperature, top_p and top_k
                                     # (target.pte's metadata; top_p and top_k below then do nothing)
     top_p: float = 1.0

@@ -1,14 +1,20 @@
-"""Does sampled DFlash through the programs have the target's distribution? A two-sample test.
+"""Does sampled DFlash through the programs have the target's distribution? A goodness-of-fit test
+against the target's own probabilities.
 
-Many short completions of each prompt are sampled with DFlash (both proposal modes) and with plain
-sampling of target.pte; at each generated position after the first (which both take from the same
-prefill, before any draft is involved) the two samples of tokens are compared with Pearson's
-chi-square test of homogeneity (tokens too rare for the test's approximation are pooled
-into one bin). Each comparison's p-value must exceed alpha divided by the number of comparisons
-(Bonferroni): for correct sampling the check fails with probability below alpha, whatever the
-checkpoint, and with the fixed seeds it gives the same verdict every run. The smallest p-value is
-reported beside the largest total-variation distance seen, which says how far apart the samples
-were.
+Many short completions of each prompt are sampled with DFlash (both proposal modes). Under exact
+sampling, the token at each generated position is drawn from the target's processed distribution
+after the completion's prefix, `p(. | prompt + prefix)` (temperature, top-k, top-p: what plain
+sampling draws from). One target call per distinct completion gives those distributions for all
+its prefixes; at each position the tokens seen are compared with the counts the distributions
+expect (their sum over the completions) by Pearson's chi-square test (tokens expected fewer than
+5 times pooled; a token the target cannot emit fails it outright). With prefixes that differ the
+counts are not one multinomial's, and the statistic is then stochastically smaller than the
+chi-square it is read against: the test stays conservative. Each p-value must exceed alpha
+divided by the number of tests (Bonferroni): for correct sampling the check fails with probability
+below alpha, whatever the checkpoint, and with the fixed seeds it gives the same verdict every run.
+Against the two-sample test with plain sampling it replaced, it needs no plain completions and has
+the power of twice the samples. The smallest p-value is reported beside the largest total-variation
+distance of a position's tokens from what the target expects there.
 """
 
 from collections import Counter
@@ -16,12 +22,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dflash_et.runtime.generate import TargetFn, generate_ar, generate_dflash
+from dflash_et.runtime.generate import TargetFn, generate_dflash
 from dflash_et.runtime.programs import DraftProgram, TargetProgram
-from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
-
-END = -1  # the "token" at positions after a completion stopped at EOS
-
+from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling, distribution
 
 @dataclass(frozen=True)
 class SamplingCheck:
@@ -30,8 +33,8 @@ class SamplingCheck:
     temperature: float = 1.0
     top_p: float = 0.9
     top_k: int | None = 20
-    samples: int = 1000       # completions per prompt and mode
-    tokens: int = 6           # tokens generated per completion (positions 2.. are compared)
+    samples: int = 500        # completions per prompt and mode
+    tokens: int = 6           # tokens generated per completion (every position is compared)
     prompts: int = 2
     alpha: float = 1e-3       # chance that correct sampling fails the check
     seed: int = 0
@@ -41,7 +44,7 @@ class SamplingCheck:
             raise ValueError(f"validate.sampling.temperature must be positive (the check compares sampled "
                              f"distributions), got {self.temperature}")
         self.settings("argmax", self.seed)  # top_p and top_k are checked where sampling is defined
-        for name, least in (("samples", 1), ("tokens", 2), ("prompts", 1)):
+        for name, least in (("samples", 1), ("tokens", 1), ("prompts", 1)):
             if getattr(self, name) < least:
                 raise ValueError(f"validate.sampling.{name} must be at least {least}, got {getattr(self, name)}")
         if not 0 < self.alpha < 1:
@@ -75,15 +78,15 @@ def chi_square(a: Counter, b: Counter, min_expected: float = 5.0) -> tuple[float
     return statistic, dof, p
 
 
-def total_variation(a: Counter, b: Counter) -> float:
-    """Half the L1 distance between the two samples' frequencies: how far apart they are, on a 0-1 scale."""
-    n_a, n_b = sum(a.values()), sum(b.values())
+def total_variation(a: Counter, b: Counter | torch.Tensor) -> float:
+    """Half the L1 distance between sample `a`'s frequencies and sample `b`'s, or the probabilities `b` [V]:
+    how far apart they are, on a 0-1 scale."""
+    n_a = sum(a.values())
+    if isinstance(b, torch.Tensor):
+        seen = sum(abs(count / n_a - float(b[k])) for k, count in a.items())
+        return 0.5 * (seen + 1.0 - float(b[list(a)].sum()))
+    n_b = sum(b.values())
     return 0.5 * sum(abs(a[k] / n_a - b[k] / n_b) for k in a.keys() | b.keys())
-
-
-def _per_position_counts(completions: list[list[int]], tokens: int) -> list[Counter]:
-    """Per generated position after the first, how often each token (END after EOS) was sampled there."""
-    return [Counter(c[i] if i < len(c) else END for c in completions) for i in range(1, tokens)]
 
 
 class PrefillOnce:
@@ -106,36 +109,89 @@ class PrefillOnce:
         return self.answers[key]
 
 
+def goodness_of_fit(observed: Counter, expected: torch.Tensor, min_expected: float = 5.0) -> tuple[float, int]:
+    """(statistic, degrees of freedom) of Pearson's test of `observed` (token -> count) against `expected`
+    counts [V] (same total). Tokens expected fewer than `min_expected` times are pooled (into the smallest
+    bin when the pool is still too small); a token observed where none is expected: an infinite statistic."""
+    if any(float(expected[t]) == 0.0 for t in observed):
+        return float("inf"), 1
+    n = sum(observed.values())
+    expected = expected.double()
+    bins = [[observed[t], float(expected[t])] for t in (expected >= min_expected).nonzero().squeeze(1).tolist()]
+    rare = [n - sum(o for o, _ in bins), float(expected.sum()) - sum(e for _, e in bins)]
+    if rare[1] >= min_expected or not bins:
+        bins.append(rare)
+    else:
+        smallest = min(bins, key=lambda b: b[1])
+        smallest[0], smallest[1] = smallest[0] + rare[0], smallest[1] + rare[1]
+    if len(bins) < 2:
+        return 0.0, 0
+    return sum((o - e) ** 2 / e for o, e in bins), len(bins) - 1
+
+
+def p_value(statistic: float, dof: int) -> float:
+    """The chi-square distribution's upper tail (1 with no degrees of freedom: nothing was tested)."""
+    if dof == 0:
+        return 1.0
+    if statistic == float("inf"):
+        return 0.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(statistic / 2, dtype=torch.float64)))
+
+
+def conditionals(target: TargetFn, prompt: list[int], completion: list[int], chunk: int, rewinds: bool) -> torch.Tensor:
+    """Logits [len(completion), V]: row i is the target's next-token logits after prompt + completion[:i].
+
+    `rewinds`: the cache still holds the prompt (attention only), so one call from the prompt's last token
+    does (a verify call's shape); otherwise a prefill from position 0 (a recurrent state cannot go back)."""
+    if rewinds:
+        tokens = prompt[-1:] + completion[:-1]
+        return target(torch.tensor([tokens]), torch.arange(len(prompt) - 1, len(prompt) - 1 + len(tokens)))[0][0]
+    sequence, rows = prompt + completion[:-1], []
+    for i in range(0, len(sequence), chunk):
+        piece = sequence[i:i + chunk]
+        rows.append(target(torch.tensor([piece]), torch.arange(i, i + len(piece)))[0][0])
+    return torch.cat(rows)[-len(completion):]
+
+
 def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[list[int]], labels: list[str],
                    eos: set[int], mask_token_id: int, check: SamplingCheck) -> dict:
-    """Sample `check.samples` completions per prompt with plain sampling and with DFlash in each proposal
-    mode, through the programs, and compare them position by position."""
+    """Sample `check.samples` completions per prompt with DFlash in each proposal mode, through the programs,
+    and test each generated position's tokens against the counts target.pte's own distribution expects
+    after each completion's prefix (one target call per distinct completion gives all its prefixes)."""
     target_p, draft_p = programs
     if not prompts:
         raise ValueError("the sampling check needs at least one prompt")
     max_seq_len, chunk = target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
     block = draft_p.meta["max_block_size"]
+    reference = check.settings("argmax", check.seed)
     tests, worst_p, worst_where, max_tv = 0, 1.0, None, 0.0
     for n, (ids, label) in enumerate(zip(prompts[:check.prompts], labels)):
         seed = check.seed + 3 * n * check.samples  # every completion of every run its own seed
         # (a hybrid target's recurrent state cannot go back to the prompt's end: it prefills every time)
         once = check.tokens <= target_p.meta["max_chunk"] and not target_p.meta.get("recurrent_state")
         target = PrefillOnce(target_p, len(ids)) if once else target_p
-        reference = _per_position_counts([generate_ar(target, ids, check.tokens, eos, max_seq_len, chunk,
-                                            sampler=Sampler(check.settings("argmax", seed + i))).tokens
-                                for i in range(check.samples)], check.tokens)
+        exact: dict[tuple[int, ...], torch.Tensor] = {}  # completion -> [len, V] probabilities, for both modes
         for m, proposals in enumerate(PROPOSALS, start=1):
             settings = check.settings(proposals, seed + m * check.samples)
             runs = [generate_dflash(target, draft_p, ids, check.tokens, eos, max_seq_len, chunk, block,
                                     mask_token_id, sampler=Sampler(replace(settings, seed=settings.seed + i))).tokens
                     for i in range(check.samples)]
-            for position, (a, b) in enumerate(zip(_per_position_counts(runs, check.tokens), reference), start=2):
-                _, _, p = chi_square(a, b)
+            for c in map(tuple, runs):
+                if c not in exact:
+                    exact[c] = distribution(conditionals(target_p, ids, list(c), chunk, once), reference)
+            for position in range(1, check.tokens + 1):
+                going = [c for c in map(tuple, runs) if len(c) >= position and not eos & set(c[:position - 1])]
+                if not going:
+                    continue
+                observed = Counter(c[position - 1] for c in going)
+                expected = sum(exact[c][position - 1].double() for c in going)
+                p = p_value(*goodness_of_fit(observed, expected))
+                max_tv = max(max_tv, total_variation(observed, expected / len(going)))
                 tests += 1
-                max_tv = max(max_tv, total_variation(a, b))
                 if p < worst_p or worst_where is None:
                     worst_p, worst_where = p, f"{label}, {proposals} proposals, generated token {position}"
-    return {"settings": {**check.settings("argmax", check.seed).settings(), "proposals": list(PROPOSALS)},
+    return {"settings": {**reference.settings(), "proposals": list(PROPOSALS)},
             "samples": check.samples, "tokens": check.tokens, "block_size": block, "tests": tests,
-            "min_p_value": worst_p, "where": worst_where, "threshold": check.alpha / tests,
-            "max_total_variation": max_tv, "same_distribution": worst_p >= check.alpha / tests}
+            "min_p_value": worst_p, "where": worst_where, "threshold": check.alpha / max(tests, 1),
+            "max_total_variation": max_tv, "same_distribution": worst_p >= check.alpha / max(tests, 1)}

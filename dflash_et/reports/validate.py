@@ -4,8 +4,8 @@ Numerics: the same prefill / decode / verify / rollback calls go through each pr
 eager model (quantized the same way when the export was), and the worst error and argmax
 agreement are kept with the prompt that produced them. Lossless: for every prompt, DFlash
 driven by target.pte + draft.pte must emit exactly the tokens plain greedy decoding of the
-same target.pte emits, and sampled DFlash must have the distribution of plain sampling of
-target.pte (a statistical test, `same_distribution.py`).
+same target.pte emits, and sampled DFlash must have the distribution of target.pte
+(a statistical test against its exact probabilities, `same_distribution.py`).
 """
 
 import json
@@ -218,7 +218,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     if why and limits.require_lossless:
         failures.append(why)
     if not sampling["same_distribution"] and limits.require_lossless:
-        failures.append(f"sampled DFlash differs from plain sampling of target.pte: chi-square p-value "
+        failures.append(f"sampled DFlash differs from target.pte's distribution: chi-square p-value "
                         f"{sampling['min_p_value']:.2g} < {sampling['threshold']:.2g} on {sampling['where']}")
     return {
         "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,

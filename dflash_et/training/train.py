@@ -157,10 +157,12 @@ def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_tok
 
 
 def batch_loss(draft: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Position-weighted cross-entropy of the draft's predictions for every masked row of the batch."""
-    logits = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask)[0]
-    ce = F.cross_entropy(logits, batch.labels.clamp(min=0), reduction="none")
-    return (ce * batch.weights).sum() / batch.weights.sum().clamp(min=1e-9)
+    """Position-weighted cross-entropy of the draft's predictions for every masked row of the batch. Only
+    rows with a weight get logits: anchors and rows past a reply's end skip the head."""
+    rows = batch.weights.nonzero().squeeze(1)
+    logits = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows).squeeze(0)
+    weights = batch.weights[rows]
+    return (F.cross_entropy(logits, batch.labels[rows], reduction="none") * weights).sum() / weights.sum().clamp(min=1e-9)
 
 
 def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[dict, Draft]:
@@ -192,8 +194,9 @@ def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[
 
 
 def step_macs(config: TrainConfig, draft: Draft) -> float:
-    """Multiply-accumulates of one training step, roughly: per block row, the frozen head forward and its
-    input gradient (2 x vocab x hidden) and the draft's own weights forward and backward (3 x params)."""
+    """Multiply-accumulates of one training step, at most: per block row, the frozen head forward and its
+    input gradient (2 x vocab x hidden; rows without a loss skip it) and the draft's own weights forward
+    and backward (3 x params)."""
     rows = config.batch * config.anchors * config.block_size
     head = draft.lm_head.weight.numel()
     own = sum(p.numel() for p in draft.parameters() if p.requires_grad)

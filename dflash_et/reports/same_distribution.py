@@ -10,9 +10,10 @@ expect (their sum over the completions) by Pearson's chi-square test. Tokens exp
 times are pooled, and so are tokens the target's top-k or top-p excludes: a rounding between two
 call shapes can move that boundary, so they are counted and reported, not a failure by themselves.
 With prefixes that differ the counts are not one multinomial's, and the statistic is then
-stochastically smaller than the chi-square it is read against: the test stays conservative. Each p-value must exceed alpha
-divided by the number of tests (Bonferroni): for correct sampling the check fails with probability
-below alpha, whatever the checkpoint, and with the fixed seeds it gives the same verdict every run.
+stochastically smaller than the chi-square it is read against: the test stays conservative. Each
+p-value must exceed alpha divided by the number of tests (Bonferroni): for correct sampling the
+check fails with probability below alpha, whatever the checkpoint, and with the fixed seeds it
+gives the same verdict every run.
 Against the two-sample test with plain sampling it replaced, it needs no plain completions and has
 the power of twice the samples. The smallest p-value is reported beside the largest total-variation
 distance of a position's tokens from what the target expects there.
@@ -26,6 +27,7 @@ import torch
 from dflash_et.runtime.generate import TargetFn, generate_dflash
 from dflash_et.runtime.programs import DraftProgram, TargetProgram
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling, distribution
+
 
 @dataclass(frozen=True)
 class SamplingCheck:
@@ -145,11 +147,13 @@ def conditionals(target: TargetFn, prompt: list[int], completion: list[int], chu
     does (a verify call's shape); otherwise a prefill from position 0 (a recurrent state cannot go back)."""
     if rewinds:
         tokens = prompt[-1:] + completion[:-1]
-        return target(torch.tensor([tokens]), torch.arange(len(prompt) - 1, len(prompt) - 1 + len(tokens)))[0][0]
+        logits, _ = target(torch.tensor([tokens]), torch.arange(len(prompt) - 1, len(prompt) - 1 + len(tokens)))
+        return logits[0]
     sequence, rows = prompt + completion[:-1], []
     for i in range(0, len(sequence), chunk):
         piece = sequence[i:i + chunk]
-        rows.append(target(torch.tensor([piece]), torch.arange(i, i + len(piece)))[0][0])
+        logits, _ = target(torch.tensor([piece]), torch.arange(i, i + len(piece)))
+        rows.append(logits[0])
     return torch.cat(rows)[-len(completion):]
 
 
@@ -173,14 +177,14 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
         exact: dict[tuple[int, ...], torch.Tensor] = {}  # completion -> [len, V] probabilities, for both modes
         for m, proposals in enumerate(PROPOSALS, start=1):
             settings = check.settings(proposals, seed + m * check.samples)
-            runs = [generate_dflash(target, draft_p, ids, check.tokens, eos, max_seq_len, chunk, block,
-                                    mask_token_id, sampler=Sampler(replace(settings, seed=settings.seed + i))).tokens
+            runs = [tuple(generate_dflash(target, draft_p, ids, check.tokens, eos, max_seq_len, chunk, block,
+                                          mask_token_id, sampler=Sampler(replace(settings, seed=settings.seed + i))).tokens)
                     for i in range(check.samples)]
-            for c in map(tuple, runs):
+            for c in runs:
                 if c not in exact:
                     exact[c] = distribution(conditionals(target_p, ids, list(c), chunk, once), reference)
             for position in range(1, check.tokens + 1):
-                going = [c for c in map(tuple, runs) if len(c) >= position and not eos & set(c[:position - 1])]
+                going = [c for c in runs if len(c) >= position and not eos & set(c[:position - 1])]
                 if not going:
                     continue
                 observed = Counter(c[position - 1] for c in going)
@@ -191,7 +195,8 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
                 tests += 1
                 if p < worst_p or worst_where is None:
                     worst_p, worst_where = p, f"{label}, {proposals} proposals, generated token {position}"
+    threshold = check.alpha / max(tests, 1)
     return {"settings": {**reference.settings(), "proposals": list(PROPOSALS)},
             "samples": check.samples, "tokens": check.tokens, "block_size": block, "tests": tests,
-            "min_p_value": worst_p, "where": worst_where, "threshold": check.alpha / max(tests, 1),
-            "max_total_variation": max_tv, "tokens_the_target_excludes": unexpected, "same_distribution": worst_p >= check.alpha / max(tests, 1)}
+            "min_p_value": worst_p, "where": worst_where, "threshold": threshold, "max_total_variation": max_tv,
+            "tokens_the_target_excludes": unexpected, "same_distribution": worst_p >= threshold}

@@ -11,8 +11,10 @@ import torch
 from dflash_et.checkpoints.check import load_pair
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import ExportConfig, export_program, quantize
+from dflash_et.reports.validate import validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs, missing_backend
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts, numerics
+from tests.conftest import (MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts, numerics,
+                            validate_config)
 
 
 def test_portable_target_runs_without_delegates(trained_pair, tmp_path):
@@ -165,3 +167,19 @@ def test_sliding_window_target_exports_and_matches_eager(pair, tmp_path):
     assert [layer.self_attn.spec.window for layer in target.layers] == [None, None, 5, 5]
     assert_program_matches_eager(program, target, [(list(range(8)), 0), (list(range(10, 18)), 8), ([3], 16),
                                                    (list(range(6)), 17), ([9] * 4, 18)])
+
+
+def test_validate_of_quantized_programs_reports_what_the_quantization_costs(trained_pair, quantized_shared_programs):
+    """A reduced-precision program is held to its quantized eager twin, and validate also says how far it moved
+    from the fp32 model: a quantization too coarse for a model (8da4w of a Q4_1 GGUF's weights) is then named
+    as such, not mistaken for a broken export."""
+    report = validate(quantized_shared_programs, *trained_pair, validate_config(prompts=1, max_new_tokens=8))
+    assert report["failures"] == [], report["failures"]
+    reference = report["fp32_reference"]
+    assert 0.5 < reference["token_agreement"] <= 1.0 and 0.0 < reference["target_rel_err"] < 1.0
+    assert report["token_agreement"] >= reference["token_agreement"]  # nearer its twin than the fp32 model
+    strict = validate_config(prompts=1, max_new_tokens=8,
+                             reduced={"max_rel_err": 1.0, "min_token_agreement": 1.01, "require_lossless": False})
+    [failure] = validate(quantized_shared_programs, *trained_pair, strict)["failures"]
+    assert failure.startswith("token_agreement ") and "< 1.01 (with the fp32 model: " in failure
+    assert failure.endswith("try export.quantize=8da8w)")

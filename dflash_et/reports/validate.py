@@ -197,6 +197,9 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     numerics = compare_numerics(programs, eager, prompts, labels)
     eos = set(programs[0].meta["eos_ids"])
     exact = export_config.quantize == "none" and export_config.dtype == "fp32"
+    # What the reduced precision costs the model itself: the program against the fp32 weights it came from
+    fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"]),
+                                               prompts, labels)
     limits = config.fp32 if exact else config.reduced
     oracle = against_transformers(programs, target_dir, settings.target_layer_ids, prompts, labels, eos,
                                   config.max_new_tokens) if exact else \
@@ -208,7 +211,9 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {limits.max_rel_err:g} on {worst[f'{name}_rel'].where}"
                 for name in ("target", "draft") if worst[f"{name}_rel"].value > limits.max_rel_err]
     if numerics["token_agreement"] < limits.min_token_agreement:
-        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}")
+        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}"
+                        + (f" (with the fp32 model: {fp32['token_agreement']:.4f}; when that is low too, the "
+                           f"quantization is too coarse for this model: try export.quantize=8da8w)" if fp32 else ""))
     for key in ("logits", "taps"):
         if oracle.get(f"{key}_rel_err", 0.0) > limits.max_rel_err:
             failures.append(f"target {key} differ from transformers' model by {oracle[f'{key}_rel_err']:.3g} "
@@ -226,6 +231,8 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         "token_agreement": numerics["token_agreement"], "lossless": why is None,
         "lossless_fraction": lossless_fraction,
         "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},
+        "fp32_reference": {"token_agreement": fp32["token_agreement"], "target_rel_err": fp32["worst"]["target_rel"].value}
+        if fp32 else {"skipped": "fp32 program: the eager twin is the fp32 model"},
         "divergence": why, "sampling": sampling, "transformers": oracle, "prompts": len(prompts),
         "limits": asdict(limits),
         "failures": failures,

@@ -10,7 +10,8 @@ from stages.common import params, run
 
 def main(argv: list[str]) -> None:
     kind, target_dir, draft_dir, out, *memory_report = argv
-    config = ExportConfig.from_params(params()["export"])
+    # export.gguf is the package stage's (llama.cpp copies of the weights), not a setting of the programs
+    config = ExportConfig.from_params({k: v for k, v in params()["export"].items() if k != "gguf"})
     with staged_dir(Path(out)) as tmp:
         export_program(kind, Path(target_dir), Path(draft_dir), config, tmp,
                        Path(memory_report[0]) if memory_report else None)

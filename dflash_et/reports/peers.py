@@ -1,0 +1,186 @@
+"""This project's programs beside llama.cpp on the same machine, weights and prompts: plain and DFlash decoding
+of each, greedy, interleaved prompt by prompt in one process tree, so that drift in machine speed hits all four.
+
+llama.cpp gets the same checkpoints converted by its own tools at the matching precision (F32 for fp32
+programs, Q8_0 for 8da8w, Q4_0 for 8da4w) and the bench's prompts as token ids, and its DFlash runs at each
+`draft_max` (proposals a round; it also stops a round's drafting early by the draft's confidence, its own
+adaptive length). Throughput is decode tokens per second after the first token (which prefill produces),
+as llama-server times it and as the bench does. What llama.cpp refuses is reported with its reason.
+"""
+
+import json
+import os
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from tqdm import tqdm
+
+from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.peer.llama_cpp import VERSION, LlamaCpp, Refused, Server, gguf_pair, matched_type
+from dflash_et.reports.bench import BenchConfig
+from dflash_et.runtime.engine import BlockSize, Engine
+from dflash_et.runtime.programs import missing_backend
+
+PLOT_COLUMNS = ("run", "engine", "category", "tokens_per_s")  # run: "<category>: <engine>", one bar each
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """The `peers` section of params.yaml."""
+
+    draft_max: tuple[int, ...] = (3, 15)  # llama.cpp DFlash proposals per round: its default, and a block of 16
+    threads: int | None = None            # llama.cpp's threads; None: every core, as XNNPACK's pool takes
+    context: int = 1024                   # llama-server's context length
+
+    @classmethod
+    def from_params(cls, params: dict) -> "PeerConfig":
+        unknown = set(params) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"peers.{sorted(unknown)[0]} is not a setting; the peers section takes "
+                             f"{', '.join(f.name for f in fields(cls))}")
+        config = cls(**{k: tuple(v) if k == "draft_max" else v for k, v in params.items()})
+        if not config.draft_max or min(config.draft_max) < 1:
+            raise ValueError(f"peers.draft_max must list proposals per round >= 1, got {list(config.draft_max)}")
+        return config
+
+    @property
+    def cores(self) -> int:
+        return self.threads or len(os.sched_getaffinity(0))
+
+
+@dataclass
+class Run:
+    """One engine's decoding of one prompt."""
+
+    tokens: list[int]
+    seconds: float  # decoding after the first token
+    rounds: int     # target calls after the first token
+
+    @property
+    def decoded(self) -> int:
+        return len(self.tokens) - 1
+
+
+def _from_llama(reply: dict) -> Run:
+    t = reply["timings"]
+    steps = max(t["predicted_n"] - 1, 0)
+    return Run(reply["tokens"], t["predicted_ms"] / 1000, steps - t.get("draft_n_accepted", 0))
+
+
+def _summary(runs: dict[str, list[Run]], plain: dict[str, list[Run]] | None = None) -> dict:
+    """tokens/s (and, beside plain decoding, tau and speedup), pooled and per category."""
+    def of(category: str | None) -> list[Run]:
+        return [r for c, rs in runs.items() if category in (None, c) for r in rs]
+
+    def tps(rs: list[Run]) -> float:
+        seconds = sum(r.seconds for r in rs)
+        return sum(r.decoded for r in rs) / seconds if seconds else 0.0
+
+    def row(category: str | None) -> dict:
+        out = {"tokens_per_s": tps(of(category))}
+        if plain is not None:
+            rs = of(category)
+            base = tps([r for c, p in plain.items() if category in (None, c) for r in p])
+            out |= {"tau": sum(r.decoded for r in rs) / max(sum(r.rounds for r in rs), 1),
+                    "speedup": out["tokens_per_s"] / base if base else 0.0}
+        return out
+
+    return row(None) | {"by_category": {c: row(c) for c in runs}}
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict:
+    """How far two engines' greedy outputs agree: prompts with identical tokens, and the mean share of each
+    output before the first difference (rounding differs between engines, so near-ties may flip)."""
+    def prefix(a: list[int], b: list[int]) -> float:
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n / max(len(a), len(b), 1)
+
+    return {"identical": statistics.fmean(a == b for a, b in zip(ours, theirs)),
+            "common_prefix": statistics.fmean(prefix(a, b) for a, b in zip(ours, theirs))}
+
+
+def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size: BlockSize, bench: BenchConfig,
+              config: PeerConfig, gguf_dir: Path, cost_curve: Path | None = None) -> tuple[dict, list[dict]]:
+    """(peers.json metrics, plot rows). The programs' export.json says their precision; llama.cpp gets its
+    match, converted into `gguf_dir`."""
+    skipped = missing_backend(programs_dir)
+    if skipped:
+        return {"skipped": skipped}, []
+    export = json.loads((programs_dir / "export.json").read_text())["config"]
+    gguf_type = matched_type(export["quantize"], export["dtype"])
+    rows = load_prompts(bench.prompts, bench.num_prompts)
+    tok = tokenizer(programs_dir)
+    prompts = [encode_chat(tok, r["prompt"]) for r in rows]
+    engine = Engine(programs_dir, cost_curve)
+    block = engine.check_block_size(block_size)
+    metrics: dict = {"llama_cpp_version": VERSION, "prompts": len(rows), "max_new_tokens": bench.max_new_tokens,
+                     "threads": config.cores, "executorch": {"precision": export["quantize"] if export["quantize"]
+                     != "none" else export["dtype"], "block_size": block}}
+    refused = None
+    try:
+        ggufs = gguf_pair(target_dir, draft_dir, gguf_dir, export["quantize"], export["dtype"])
+        llama = LlamaCpp.source().build()
+    except Refused as e:
+        refused = str(e)
+    metrics["llama_cpp"] = {"precision": gguf_type, **({"refused": refused} if refused else {})}
+
+    servers: dict[str, tuple[Server, int | None]] = {}
+    try:
+        if refused is None:
+            try:
+                plain = Server(llama, ggufs["target"], config.cores, config.context)
+                servers["llama_cpp_plain"] = (plain, None)
+                dflash = Server(llama, ggufs["target"], config.cores, config.context, draft=ggufs["draft"])
+                servers |= {f"llama_cpp_dflash_{n}": (dflash, n) for n in config.draft_max}
+            except Refused as e:
+                metrics["llama_cpp"]["refused"] = str(e)
+                servers.clear()
+
+        def decode(name: str, ids: list[int]) -> Run:
+            if name == "executorch_plain":
+                g = engine.ar(ids, bench.max_new_tokens)
+            elif name == "executorch_dflash":
+                g = engine.dflash(ids, bench.max_new_tokens, block)
+            else:
+                server, n = servers[name]
+                return _from_llama(server.complete(ids, bench.max_new_tokens, n))
+            return Run(g.tokens, g.decode_s, len(g.rounds))
+
+        engines = ["executorch_plain", "executorch_dflash", *servers]
+        for ids in prompts[:bench.warmup]:
+            for name in engines:
+                decode(name, ids)
+        runs = {name: defaultdict(list) for name in engines}
+        for row, ids in tqdm(list(zip(rows, prompts)), desc=f"peers ({len(engines)} engines)"):
+            for name in engines:
+                runs[name][row["category"]].append(decode(name, ids))
+    finally:
+        for server in {id(s): s for s, _ in servers.values()}.values():
+            server.close()
+
+    def tokens(name: str) -> list[list[int]]:
+        return [r.tokens for c in runs[name].values() for r in c]
+
+    plain_of = {"executorch": runs["executorch_plain"], "llama_cpp": runs.get("llama_cpp_plain")}
+    engines_out = {name: _summary(runs[name], None if name.endswith("plain") else plain_of[name.split("_dflash")[0]])
+                   for name in engines}
+    metrics["engines"] = engines_out
+    metrics["token_agreement_with_executorch_plain"] = {name: agreement(tokens("executorch_plain"), tokens(name))
+                                                        for name in engines if name != "executorch_plain"}
+    if servers:
+        best = max((n for n in engines if n.startswith("llama_cpp_dflash")), key=lambda n: engines_out[n]["tokens_per_s"])
+        metrics["llama_cpp"]["best_dflash"] = best
+        position = engine.cost_curve().positions[0]
+        try:
+            theirs = llama.call_ms(ggufs["target"], config.cores, engine.max_block_size, position)
+        except Refused as e:
+            theirs = {"refused": str(e)}
+        ours = {str(t): engine.cost_curve().target(t, position) for t in (1, engine.max_block_size)}
+        metrics["target_call_ms"] = {"position": position, "executorch": ours, "llama_cpp": theirs}
+    plot = [{"run": f"{c}: {name}", "engine": name, "category": c,
+             "tokens_per_s": engines_out[name]["by_category"][c]["tokens_per_s"]}
+            for name in engines for c in engines_out[name]["by_category"]]
+    return metrics, plot
+

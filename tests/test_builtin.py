@@ -75,6 +75,8 @@ def test_default_layer_ids_match_zlab():
 
     for n, l in [(36, 5), (28, 5), (6, 2), (32, 1), (40, 8)]:
         assert default_target_layer_ids(n, l) == build_target_layer_ids(n, l)
+    for n in range(1, 5):  # where z-lab's formula leaves the target, the taps stay inside it
+        assert all(0 <= i < n for i in default_target_layer_ids(n, 2)), n
 
 
 def test_target_training_lowers_the_loss():

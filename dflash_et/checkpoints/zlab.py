@@ -38,11 +38,13 @@ class DraftSettings:
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's default choice of target layers to tap: spread evenly over layers 1..N-3."""
+    """z-lab's default choice of target layers to tap: spread evenly over layers 1..N-3. Below 5 layers its
+    formula leaves the target (N=2 gives layer -1), so the span is kept inside 0..N-1 there."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+    first = min(1, num_target_layers - 1)
+    last = max(num_target_layers - 3, first)
+    return [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
 def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:

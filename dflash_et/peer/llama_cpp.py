@@ -11,6 +11,7 @@ Conversion needs only the source, so a checkpoint llama.cpp refuses costs no bui
 import hashlib
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,12 @@ BINARIES = ("llama-server", "llama-bench", "llama-quantize")  # what the peer be
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
+if platform.machine().lower() in ("x86_64", "amd64"):
+    # No AMX tiles: virtual machines advertise them without enabling their state (this project's build host
+    # died of SIGILL at ggml's first `tilezero`, in every Q4_0/Q8_0 matmul), and XNNPACK does not use them
+    # either, so both engines run the same AVX-512/AVX2 instructions. Explicit -mno-* beat -march=native.
+    CMAKE_FLAGS += ("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")  # what convert_hf_to_gguf.py writes; others go through llama-quantize
 # The GGUF type that matches a program's precision: (export.quantize, export.dtype) -> llama.cpp type
 MATCHED = {("none", "fp32"): "f32", ("none", "fp16"): "f16", ("none", "bf16"): "bf16",
@@ -67,8 +74,13 @@ class LlamaCpp:
         return self.root / "src"
 
     @property
+    def build_dir(self) -> Path:
+        """One per set of build flags, so a change of flags is a new build, not a stale one."""
+        return self.root / f"build-{hashlib.sha256(' '.join(CMAKE_FLAGS).encode()).hexdigest()[:8]}"
+
+    @property
     def bin(self) -> Path:
-        return self.root / "build" / "bin"
+        return self.build_dir / "bin"
 
     @classmethod
     def source(cls, cache: Path | None = None) -> "LlamaCpp":
@@ -90,7 +102,7 @@ class LlamaCpp:
         if missing:
             raise PeerError(f"building llama.cpp needs cmake and a C++ compiler; {' and '.join(missing)} not found "
                             "(Debian: apt install cmake g++), or leave peer_bench=false")
-        build = self.root / "build"
+        build = self.build_dir
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         log = self.root / "build.log"
         print(f"[peer] building llama.cpp {VERSION} ({', '.join(BINARIES)}; the first time takes tens of minutes "
@@ -157,20 +169,25 @@ def gguf_pair(target_dir: Path, draft_dir: Path, out_dir: Path, quantize: str, d
 class Server:
     """A llama-server process on a free local port: `complete` decodes one prompt of token ids."""
 
-    def __init__(self, llama: LlamaCpp, model: Path, threads: int, context: int, draft: Path | None = None):
+    def __init__(self, llama: LlamaCpp, model: Path, threads: int, context: int, draft: Path | None = None,
+                 draft_max: int = 3):
+        """With a `draft`, DFlash with at most `draft_max` proposals a round (a server-wide setting: the
+        request field `speculative.n_max` does not change it in this version)."""
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         command = [str(llama.bin / "llama-server"), "-m", str(model), "--port", str(port), "-t", str(threads),
                    "-tb", str(threads), "-c", str(context), "-np", "1", "--no-webui"]
         if draft:
-            command += ["-md", str(draft), "--spec-type", "draft-dflash", "-td", str(threads), "-tbd", str(threads)]
+            command += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", str(draft_max),
+                        "-td", str(threads), "-tbd", str(threads)]
         self._log = tempfile.TemporaryFile("w+")
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while not self._healthy():
             if self._process.poll() is not None or time.monotonic() > deadline:
+                why = self._last_words()
                 self.close()
-                raise Refused(f"llama-server did not start: {self._last_words()}")
+                raise Refused(f"llama-server did not start: {why}")
             time.sleep(0.2)
 
     def _healthy(self) -> bool:
@@ -184,13 +201,11 @@ class Server:
         self._log.seek(0)
         return _last_words(self._log.read())
 
-    def complete(self, prompt: list[int], max_new_tokens: int, draft_max: int | None = None) -> dict:
+    def complete(self, prompt: list[int], max_new_tokens: int) -> dict:
         """Greedy decoding of `prompt`: the tokens and llama-server's own timings (generation only, the first
         token coming from the prompt's logits, as in this project's bench)."""
         body = {"prompt": prompt, "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
                 "cache_prompt": False, "return_tokens": True, "stream": False}
-        if draft_max is not None:
-            body["speculative.n_max"] = draft_max
         request = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:

@@ -126,16 +126,18 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
         refused = str(e)
     metrics["llama_cpp"] = {"precision": gguf_type, **({"refused": refused} if refused else {})}
 
-    servers: dict[str, tuple[Server, int | None]] = {}
+    servers: dict[str, Server] = {}  # all up at once, so that prompt by prompt the engines take turns
     try:
         if refused is None:
             try:
-                plain = Server(llama, ggufs["target"], config.cores, config.context)
-                servers["llama_cpp_plain"] = (plain, None)
-                dflash = Server(llama, ggufs["target"], config.cores, config.context, draft=ggufs["draft"])
-                servers |= {f"llama_cpp_dflash_{n}": (dflash, n) for n in config.draft_max}
+                servers["llama_cpp_plain"] = Server(llama, ggufs["target"], config.cores, config.context)
+                for n in config.draft_max:
+                    servers[f"llama_cpp_dflash_{n}"] = Server(llama, ggufs["target"], config.cores, config.context,
+                                                              draft=ggufs["draft"], draft_max=n)
             except Refused as e:
                 metrics["llama_cpp"]["refused"] = str(e)
+                for server in servers.values():
+                    server.close()
                 servers.clear()
 
         def decode(name: str, ids: list[int]) -> Run:
@@ -144,8 +146,7 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
             elif name == "executorch_dflash":
                 g = engine.dflash(ids, bench.max_new_tokens, block)
             else:
-                server, n = servers[name]
-                return _from_llama(server.complete(ids, bench.max_new_tokens, n))
+                return _from_llama(servers[name].complete(ids, bench.max_new_tokens))
             return Run(g.tokens, g.decode_s, len(g.rounds))
 
         engines = ["executorch_plain", "executorch_dflash", *servers]
@@ -157,7 +158,7 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
             for name in engines:
                 runs[name][row["category"]].append(decode(name, ids))
     finally:
-        for server in {id(s): s for s, _ in servers.values()}.values():
+        for server in servers.values():
             server.close()
 
     def tokens(name: str) -> list[list[int]]:

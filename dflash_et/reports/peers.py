@@ -20,6 +20,7 @@ from tqdm import tqdm
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
 from dflash_et.peer.llama_cpp import VERSION, LlamaCpp, Refused, Server, gguf_pair, matched_type
 from dflash_et.reports.bench import BenchConfig
+from dflash_et.runtime.adaptive import measure_cost_curve
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.programs import missing_backend
 
@@ -173,12 +174,15 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
     if servers:
         best = max((n for n in engines if n.startswith("llama_cpp_dflash")), key=lambda n: engines_out[n]["tokens_per_s"])
         metrics["llama_cpp"]["best_dflash"] = best
-        position = engine.cost_curve().positions[0]
+        # both sides timed now, one after the other: a curve from another hour would compare machine states
+        curve = measure_cost_curve(engine.target, engine.draft, engine.max_block_size, engine.max_seq_len,
+                                   engine.mask_token_id, engine.chunk, repeats=3)
+        position = curve.positions[0]
         try:
             theirs = llama.call_ms(ggufs["target"], config.cores, engine.max_block_size, position)
         except Refused as e:
             theirs = {"refused": str(e)}
-        ours = {str(t): engine.cost_curve().target(t, position) for t in (1, engine.max_block_size)}
+        ours = {str(t): curve.target(t, position) for t in (1, engine.max_block_size)}
         metrics["target_call_ms"] = {"position": position, "executorch": ours, "llama_cpp": theirs}
     plot = [{"run": f"{c}: {name}", "engine": name, "category": c,
              "tokens_per_s": engines_out[name]["by_category"][c]["tokens_per_s"]}

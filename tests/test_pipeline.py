@@ -21,7 +21,8 @@ SMALL = {"model": {"draft": "train"},  # block_size: auto (the default)  # the t
          "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12,
                                                                         "sampling": {"samples": 200, "prompts": 1}},
          "bench": {"num_prompts": 3, "max_new_tokens": 12, "latency_repeats": 1, "repeats": 1}}
-ALL_STAGES = {"fetch_target", "fetch_draft", "export_target", "export_draft", "package", "validate", "bench"}
+ALL_STAGES = {"fetch_target", "fetch_draft", "export_target", "export_draft", "package", "validate", "bench",
+              "peer_bench"}
 
 
 def sh(cwd: Path, *args: str) -> str:
@@ -71,6 +72,8 @@ def test_repro_then_nothing_to_do(project):
         assert (project / f).is_file(), f
     bench = json.loads((project / "reports/bench.json").read_text())
     assert bench["block_size"] == "auto" and bench["lossless"] and bench["tau_auto"] >= 1
+    peers = json.loads((project / "reports/peers.json").read_text())  # opt-in: off, it builds nothing
+    assert peers["skipped"].startswith("peer_bench is false") and not any((project / "artifacts/gguf").iterdir())
     assert set(bench["speedup_by_block"]) == {"2", "4"} and bench["block_sizes_skipped"] == [8, 16]
     plots = json.loads(sh(project, "dvc", "plots", "show", "--json"))["data"]  # dvc.yaml's plot definitions resolve
     assert {"cost_curve", "reports/plots/speedup_by_block.csv"} <= set(plots), list(plots)
@@ -111,7 +114,7 @@ def test_forced_export_that_writes_the_same_bytes_reruns_nothing_downstream(proj
 
 def test_bench_experiment_reruns_only_bench_and_compares_with_main(project):
     out = sh(project, "dvc", "exp", "run", "-S", "block_size=2", "-S", "bench.temperature=0.7")
-    assert ran(out) == {"bench"}
+    assert ran(out) == {"bench", "peer_bench"}  # peer_bench follows bench's settings; off, it only says so
     bench = json.loads((project / "reports/bench.json").read_text())
     assert bench["block_size"] == 2 and bench["sampling"]["temperature"] == 0.7 and "lossless" not in bench
     table = sh(project, "dvc", "exp", "show", "--md", "--only-changed")

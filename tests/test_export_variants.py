@@ -47,6 +47,9 @@ def test_portable_target_runs_without_delegates(trained_pair, tmp_path):
     ({"max_seq_len": 2}, "max_seq_len >= 4"),
     ({"sliding_cache": "window"}, "export.sliding_cache='window' does not exist; use one of ring, full"),
     ({"colour": "red"}, "unknown export params \\['colour'\\]"),
+    ({"draft_head": "int4"}, "export.draft_head='int4' does not exist; use one of same, 8da8w"),
+    ({"draft_head": "8da8w", "shared_weights": True}, "shared.ptd cannot share it.*export.shared_weights=false"),
+    ({"draft_head": "8da8w", "backend": "portable"}, "set export.backend=xnnpack"),
 ])
 def test_bad_export_settings(params, message):
     with pytest.raises(ExportError, match=message):
@@ -183,3 +186,20 @@ def test_validate_of_quantized_programs_reports_what_the_quantization_costs(trai
     [failure] = validate(quantized_shared_programs, *trained_pair, strict)["failures"]
     assert failure.startswith("token_agreement ") and "< 1.01 (with the fp32 model: " in failure
     assert failure.endswith("try export.quantize=8da8w)")
+
+
+def test_int8_draft_head(trained_pair, programs, tmp_path_factory):
+    """export.draft_head=8da8w: only the draft's head changes (int8, its own copy); the target program is the fp32
+    one byte for byte, the draft tracks its eager twin, still proposes what gets accepted, and DFlash stays exact."""
+    out = built_once(tmp_path_factory, "int8-head", lambda o: build_programs(trained_pair, o, draft_head="8da8w"))
+    int8 = out / "programs"
+    assert (int8 / "target.pte").read_bytes() == (programs / "target.pte").read_bytes()
+    facts = checkpoint_facts(trained_pair)
+    head_fp32 = facts["vocab_size"] * facts["hidden_size"] * 4
+    assert (int8 / "draft.pte").stat().st_size < (programs / "draft.pte").stat().st_size - head_fp32 / 2
+    summary = json.loads((int8 / "export.json").read_text())["programs"]["draft"]["linears"]
+    assert summary["bytes"] < 4 * summary["parameters"] - head_fp32 / 2
+    report = validate(int8, *trained_pair, validate_config(prompts=2, max_new_tokens=16))
+    assert report["failures"] == [] and report["lossless"] is True and report["sampling"]["same_distribution"]
+    assert 0 < report["draft_rel_err"] < 0.05 and report["target_rel_err"] < 1e-3
+    assert report["tau_by_block"]["8"] > 2.5, report["tau_by_block"]  # the trained block: proposals accepted

@@ -53,6 +53,9 @@ MLX_GROUP_SIZES = (32, 64, 128)  # MLX's quantized kernels exist for these group
 # full length), or a full-length cache under a window mask. Measured in the README: at long positions the
 # ring is faster, since the masked kernel attends over every row.
 SLIDING_CACHES = ("ring", "full")
+# The draft's head multiplies its whole vocabulary for every block position: at fp32 on XNNPACK most of a draft
+# call (tools.profile_calls). Its precision only moves the proposals, never what is accepted (the target decides).
+DRAFT_HEADS = ("same", "8da8w")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROGRAM_KINDS = ("target", "draft")
 WEIGHTS_TAG = "weights"  # with export.shared_weights, the weights both programs use go to <kind>.ptd
@@ -74,6 +77,7 @@ class ExportConfig:
     max_block_size: int | None = None
     shared_weights: bool = False
     sliding_cache: str = "ring"  # ring | full: how the target's sliding-window layers cache K/V (see check)
+    draft_head: str = "same"     # same | 8da8w: the draft's head at the program's precision, or int8 (see quantize)
 
     @classmethod
     def from_params(cls, params: dict) -> "ExportConfig":
@@ -112,6 +116,12 @@ class ExportConfig:
         if self.sliding_cache not in SLIDING_CACHES:
             raise ExportError(f"export.sliding_cache={self.sliding_cache!r} does not exist; use one of "
                               f"{', '.join(SLIDING_CACHES)}")
+        if self.draft_head not in DRAFT_HEADS:
+            raise ExportError(f"export.draft_head={self.draft_head!r} does not exist; use one of {', '.join(DRAFT_HEADS)}")
+        if self.draft_head != "same" and (self.backend != "xnnpack" or self.dtype != "fp32" or self.shared_weights):
+            raise ExportError(f"export.draft_head={self.draft_head} runs on XNNPACK's int8 dynamic-activation kernels in "
+                              "an fp32 program and keeps its own head (shared.ptd cannot share it): set export.backend="
+                              "xnnpack, export.dtype=fp32 and export.shared_weights=false, or export.draft_head=same")
         if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
             raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
 
@@ -126,6 +136,8 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
     grouped, HQQ scales, on every Linear and the embedding, which MLX lowers to its quantized matmul and
     gather. A head tied to the embedding is tied again afterwards (as that recipe does), so it stays one tensor.
     """
+    if config.draft_head != "same" and isinstance(model, Draft):
+        _int8_head(model)
     q = QUANTIZE[config.quantize]
     if q is None:
         return
@@ -146,6 +158,18 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
               and not _quantized(module))
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
+
+
+def _int8_head(draft: Draft) -> None:
+    """export.draft_head=8da8w: the draft's head alone with int8 per-row weights and int8 dynamic activations
+    (its own copy: the target's head, and a tied embedding, stay as they are)."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerAxis
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    head = draft.lm_head
+    quantize_(draft, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
+              filter_fn=lambda module, _: module is head and not _quantized(module))
 
 
 def _quantized(module: torch.nn.Module) -> bool:
@@ -304,17 +328,19 @@ def linear_weights(model: torch.nn.Module, config: ExportConfig) -> dict:
     Linear (the borrowed head too) multiplies each token by its weight; the embedding is a row lookup.
     `bytes` is the weights' size at the program's precision with their scales (int4: a bf16 scale per
     group, as XNNPACK packs them; int8: a float per row), which every call reads once."""
-    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     q = QUANTIZE[config.quantize]
+    int8_head = model.lm_head if config.draft_head != "same" and isinstance(model, Draft) else None
 
-    def size(w: torch.Tensor) -> float:
+    def size(m: torch.nn.Linear) -> float:
+        w = m.weight
+        if m is int8_head or (q is not None and q.weight_dtype == torch.int8):
+            return w.numel() + 4 * w.shape[0]
         if q is None:
             return w.numel() * DTYPES[config.dtype].itemsize
-        if q.weight_dtype == torch.int4:
-            return w.numel() * (0.5 + 2 / config.group_size)
-        return w.numel() + 4 * w.shape[0]
+        return w.numel() * (0.5 + 2 / config.group_size)
 
-    return {"parameters": sum(w.numel() for w in linears), "bytes": round(sum(map(size, linears)))}
+    return {"parameters": sum(m.weight.numel() for m in linears), "bytes": round(sum(map(size, linears)))}
 
 
 def peak_memory(model: torch.nn.Module) -> dict:

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from dflash_et.errors import ExportError
 
+# export settings only one program reads (dvc.yaml: the other's export stage does not rerun for them)
+TARGET_ONLY, DRAFT_ONLY = ("prefill_chunk", "sliding_cache"), ("draft_head",)
+
 
 def merge_weights(ptds: list[Path], out: Path) -> dict:
     """Merge the programs' .ptd files into one, storing every named tensor once.
@@ -50,9 +53,10 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
     tokenizer beside the program; `dflash generate` reads it there), and export.json."""
     summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
     configs = {kind: s["config"] for kind, s in summaries.items()}
-    if len({json.dumps({k: v for k, v in c.items() if k != "prefill_chunk"}, sort_keys=True)
+    if len({json.dumps({k: v for k, v in c.items() if k not in TARGET_ONLY + DRAFT_ONLY}, sort_keys=True)
             for c in configs.values()}) != 1:
         raise ExportError(f"the programs were exported with different settings {configs}; rerun both exports")
+    config = configs["target"] | {k: configs["draft"][k] for k in DRAFT_ONLY if k in configs["draft"]}
     for d in build_dirs:
         _link_or_copy(d / f"{d.name}.pte", out / f"{d.name}.pte")
     tokenizer = [f for f in TOKENIZER_FILES if (target_dir / f).is_file()]
@@ -61,9 +65,9 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
     for f in tokenizer:
         shutil.copy2(target_dir / f, out / f)
     shared = None
-    if configs[build_dirs[0].name]["shared_weights"]:
+    if config["shared_weights"]:
         shared = merge_weights([d / f"{d.name}.ptd" for d in build_dirs], out / "shared.ptd")
-    summary = {"config": configs[build_dirs[0].name], "programs": summaries, "shared_weights": shared,
+    summary = {"config": config, "programs": summaries, "shared_weights": shared,
                "tokenizer": tokenizer}
     (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

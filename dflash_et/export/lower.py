@@ -127,8 +127,8 @@ class ExportConfig:
 
 
 def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
-    """Quantize `model` in place with torchao, as `export.quantize` says (validate quantizes the eager twin
-    the same way).
+    """Quantize `model` in place with torchao, as `export.quantize` and (for a draft) `export.draft_head` say
+    (validate quantizes the eager twin the same way).
 
     XNNPACK (8da4w, 8da8w): int8 dynamic activations with int4 grouped / int8 per-channel weights on every
     Linear. MLX (4w): ExecuTorch's MLX LLM recipe (executorch/extension/llm/export/quantize.py `4w`, with

@@ -20,7 +20,6 @@ from tqdm import tqdm
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
 from dflash_et.peer.llama_cpp import VERSION, LlamaCpp, Refused, Server, gguf_pair, matched_type
 from dflash_et.reports.bench import BenchConfig
-from dflash_et.runtime.adaptive import measure_cost_curve
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.programs import missing_backend
 
@@ -175,8 +174,7 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
         best = max((n for n in engines if n.startswith("llama_cpp_dflash")), key=lambda n: engines_out[n]["tokens_per_s"])
         metrics["llama_cpp"]["best_dflash"] = best
         # both sides timed now, one after the other: a curve from another hour would compare machine states
-        curve = measure_cost_curve(engine.target, engine.draft, engine.max_block_size, engine.max_seq_len,
-                                   engine.mask_token_id, engine.chunk, repeats=3)
+        curve = engine.measure_cost_curve(repeats=3)
         position = curve.positions[0]
         try:
             theirs = llama.call_ms(ggufs["target"], config.cores, engine.max_block_size, position)

@@ -59,10 +59,15 @@ class Engine:
     def cost_curve(self, repeats: int = 5) -> CostCurve:
         """This device's cost per program call: the one the engine was given, or measured now (once)."""
         if self._curve is None:
-            self._curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_seq_len,
-                                             self.mask_token_id, self.chunk, repeats)
-            self._curve.programs = self.identity
+            self._curve = self.measure_cost_curve(repeats)
         return self._curve
+
+    def measure_cost_curve(self, repeats: int) -> CostCurve:
+        """A new measurement of the cost per program call (it writes into the programs' caches: not mid-generation)."""
+        curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_seq_len, self.mask_token_id,
+                                   self.chunk, repeats)
+        curve.programs = self.identity
+        return curve
 
     def planner(self) -> AdaptivePlanner:
         """The planner of greedy generations, learning across them."""

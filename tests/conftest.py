@@ -218,7 +218,7 @@ def numerics(programs_dir: Path, pair: tuple[Path, Path], export_config=None):
     from dflash_et.runtime.programs import load_programs
 
     progs = load_programs(programs_dir)
-    eager = load_pair(*pair, max_seq_len=progs[0].meta["max_seq_len"])
+    eager = load_pair(*pair, max_seq_len=progs[0].meta.max_context_len)
     if export_config:
         quantize(eager[0], export_config)
         quantize(eager[1], export_config)

@@ -141,7 +141,7 @@ def test_gemma_target_program_matches_transformers(gemma_programs):
     assert json.loads((programs / "export.json").read_text())["config"]["sliding_cache"] == "ring"
     hf = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     # XNNPACK's fp32 kernels sum in another order than torch: 1e-4 of the largest value, not 1e-5
-    check_against_hf(program, hf, program.meta["target_layer_ids"], cache_calls(hf.config.vocab_size, seed=4), tol=1e-4)
+    check_against_hf(program, hf, program.meta.target_layer_ids, cache_calls(hf.config.vocab_size, seed=4), tol=1e-4)
 
 
 def test_gemma_programs_validate(gemma_programs):

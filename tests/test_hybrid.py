@@ -123,8 +123,8 @@ def hybrid_programs(tmp_path_factory):
 def test_hybrid_programs_match_the_eager_model(hybrid_programs):
     programs_dir, pair = hybrid_programs
     target_p, _ = load_programs(programs_dir)
-    assert target_p.meta["recurrent_state"] is True
-    eager = load_target(pair[0], target_p.meta["target_layer_ids"], target_p.meta["max_seq_len"])
+    assert target_p.meta.recurrent_state is True
+    eager = load_target(pair[0], target_p.meta.target_layer_ids, target_p.meta.max_context_len)
     assert_program_matches_eager(target_p, eager, forward_calls(builtin.VOCAB_SIZE, seed=3))
 
 
@@ -149,15 +149,15 @@ class SometimesRightDraft:
 def test_greedy_dflash_over_hybrid_programs_is_lossless(hybrid_programs):
     programs_dir, _ = hybrid_programs
     target_p, draft_p = load_programs(programs_dir)
-    block, max_seq_len, chunk = draft_p.meta["max_block_size"], target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
+    block, max_seq_len, chunk = draft_p.meta.max_block_len, target_p.meta.max_context_len, target_p.meta.max_seq_len
     prompt = list(range(40, 73))  # two prefill chunks
     plain = generate_ar(target_p, prompt, 60, set(), max_seq_len, chunk)
     draft = SometimesRightDraft(prompt + plain.tokens, block, builtin.VOCAB_SIZE)
-    run = generate_dflash(target_p, draft, prompt, 60, set(), max_seq_len, chunk, block, draft_p.meta["mask_token_id"])
+    run = generate_dflash(target_p, draft, prompt, 60, set(), max_seq_len, chunk, block, draft_p.meta.mask_token_id)
     assert run.tokens == plain.tokens
     kept = {r.accepted for r in run.rounds}
     assert set(range(block)) <= kept  # every amount of rollback, from none to the whole block
-    real = generate_dflash(target_p, draft_p, prompt, 60, set(), max_seq_len, chunk, block, draft_p.meta["mask_token_id"])
+    real = generate_dflash(target_p, draft_p, prompt, 60, set(), max_seq_len, chunk, block, draft_p.meta.mask_token_id)
     assert real.tokens == plain.tokens
 
 

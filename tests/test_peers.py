@@ -161,7 +161,7 @@ def test_all_four_engines_decode_the_same_prompts(llama_pair, tmp_path):
     compiler = os.environ.get("CXX", "c++")
     if shutil.which("cmake") is None or shutil.which(compiler) is None:
         pytest.skip(f"llama.cpp cannot be built here: cmake or {compiler} is missing")
-    programs = build_programs(llama_pair, tmp_path / "programs", max_seq_len=256)
+    programs = build_programs(llama_pair, tmp_path / "programs", max_seq_len=256, stock_forward=False)
     bench = BenchConfig(prompts="assistant", num_prompts=4, max_new_tokens=16, warmup=1)
     metrics, rows = run_peers(programs, *llama_pair, 4, bench, PeerConfig(draft_max=(3, 15)), tmp_path / "gguf")
     assert "refused" not in metrics["llama_cpp"], metrics["llama_cpp"]

@@ -2,6 +2,7 @@
 seeded, with the checkpoint's recommended settings carried by target.pte; the CLI and bench over it."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -30,8 +31,8 @@ def loaded(programs):
 
 def check(loaded, **settings) -> dict:
     (target, draft), prompts, labels = loaded
-    return check_sampling((target, draft), prompts, labels, set(target.meta["eos_ids"]),
-                          draft.meta["mask_token_id"], SamplingCheck(**settings))
+    return check_sampling((target, draft), prompts, labels, set(target.meta.eos_ids),
+                          draft.meta.mask_token_id, SamplingCheck(**settings))
 
 
 def test_sampled_dflash_has_the_distribution_of_plain_sampling(loaded):
@@ -76,7 +77,7 @@ def test_programs_carry_the_recommended_settings(programs, trained_pair):
     engine = Engine(programs)
     expected = builtin.RECOMMENDED_SAMPLING["qwen3"]
     assert recommended_sampling(trained_pair[0]) == expected
-    assert {k: engine.target.meta[k] for k in expected} == expected
+    assert {k: getattr(engine.target.meta, k) for k in expected} == expected
     assert engine.recommended(seed=3) == Sampling(**expected, seed=3)
     assert engine.recommended(temperature=0.0).greedy
 
@@ -176,7 +177,7 @@ def test_bad_validate_sampling_settings_fail_before_any_work(bad, message):
 
 def test_programs_without_sampling_metadata_are_a_clear_error(programs, monkeypatch):
     engine = Engine(programs)
-    monkeypatch.delitem(engine.target.meta, "temperature")
+    monkeypatch.setattr(engine.target, "meta", replace(engine.target.meta, temperature=None))
     with pytest.raises(ProgramError, match="carries no recommended sampling settings .*re-export it"):
         engine.recommended()
 

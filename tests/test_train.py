@@ -209,7 +209,7 @@ def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_
     fetch("draft", "train", tmp_path / "draft", target_dir=tmp_path / "target", train=partial(train_draft, config=config))
     mask = json.loads((tmp_path / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]
     assert mask == len(__import__("transformers").AutoTokenizer.from_pretrained(tmp_path / "target"))
-    programs = build_programs((tmp_path / "target", tmp_path / "draft"), tmp_path / "build")
+    programs = build_programs((tmp_path / "target", tmp_path / "draft"), tmp_path / "build", stock_forward=False)
     report = validate(programs, tmp_path / "target", tmp_path / "draft", validate_config(prompts=2, max_new_tokens=12))
     assert report["failures"] == [] and report["lossless"], report
     metrics, _, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, repeats=1, latency_repeats=1,

@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("shared", type=Path, nargs="?", help="the same programs exported with export.shared_weights")
     args = parser.parse_args()
     target, draft = load_programs(args.programs)
-    s_max = target.meta["max_seq_len"]
+    s_max = target.meta.max_context_len
     kernels = LlamaKernels()
     print("custom_sdpa ms (runner / ExecuTorch): q [1, T, 8, 64], caches [1, max_seq_len, 2, 64]")
     for start in (64, 256, s_max - 32):

@@ -31,6 +31,7 @@ from pathlib import Path
 import dflash_et  # noqa: F401  (one OpenMP thread before torch loads: see dflash_et.threads)
 import torch
 
+from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD
 from tools.timing import median_ms
 
 WRAPPERS = ("Method::execute", "DELEGATE_CALL", "OPERATOR_CALL")
@@ -59,13 +60,13 @@ def _column(name: str, delegated: bool) -> str:
 
 def profile_call(pte: Path, ptd: Path | None, args: list[torch.Tensor], repeats: int, label: str,
                  tokens: int) -> CallProfile:
-    """Run `forward(*args)` 1 + `repeats` times under ETDump and summarise the repeats (the warm-up is dropped)."""
+    """Run the DFlash method of `pte` (dflash_et.metadata) on `args` 1 + `repeats` times under ETDump and summarise the repeats (the warm-up is dropped)."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the programs' llama:: kernels)
     from executorch.devtools import Inspector
     from executorch.runtime import Runtime
 
     program = Runtime.get().load_program(pte, data_path=ptd, enable_etdump=True, debug_buffer_size=0)
-    method = program.load_method("forward")
+    method = program.load_method(TARGET_METHOD if TARGET_METHOD in program.method_names else DRAFT_METHOD)
     for _ in range(repeats + 1):
         method.execute(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,7 +108,7 @@ def profile_programs(programs_dir: Path, tokens: list[int], block: int, pos: int
     ptd = ptd if ptd.exists() else None
     target, draft = load_programs(programs_dir)  # checks the pair and reads the shapes it needs
     width = target(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))[1].shape[-1]
-    block = min(block, draft.meta["max_block_size"])
+    block = min(block, draft.meta.max_block_len)
     del target, draft
     profiles = [profile_call(programs_dir / "target.pte", ptd,
                              [torch.zeros(1, t, dtype=torch.long), torch.arange(pos, pos + t)], repeats,

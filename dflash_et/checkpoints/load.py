@@ -156,13 +156,24 @@ def header_shapes(ckpt: Path, name: str) -> dict[str, tuple[int, ...]]:
 
 def eos_ids(target_dir: Path) -> list[int]:
     """EOS ids from generation_config.json (falling back to config.json), as a list."""
+    eos = _generation_value(target_dir, "eos_token_id")
+    return [] if eos is None else sorted(set(eos if isinstance(eos, list) else [eos]))
+
+
+def bos_id(target_dir: Path) -> int | None:
+    """The BOS id, where the checkpoint has one (ExecuTorch's runners prepend it when asked to)."""
+    bos = _generation_value(target_dir, "bos_token_id")
+    return bos[0] if isinstance(bos, list) else bos
+
+
+def _generation_value(target_dir: Path, key: str):
     for name in ("generation_config.json", "config.json"):
         f = target_dir / name
         if f.exists():
-            eos = json.loads(f.read_text()).get("eos_token_id")
-            if eos is not None:
-                return sorted(set(eos if isinstance(eos, list) else [eos]))
-    return []
+            value = json.loads(f.read_text()).get(key)
+            if value is not None:
+                return value
+    return None
 
 
 # transformers' `generate` defaults for what a sampling generation_config.json leaves unset

@@ -1,6 +1,6 @@
 """Lowering the eager target and draft to ExecuTorch programs.
 
-Each program carries its own metadata as constant methods (`get_max_seq_len`, ...), so a
+Each program carries its own metadata as constant methods (dflash_et.metadata), so a
 runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(prefill chunk,
 max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps.
 """
@@ -16,10 +16,12 @@ import torch
 from torch.export import Dim, export
 
 from dflash_et.checkpoints.check import load_pair
-from dflash_et.checkpoints.load import build_target, checkpoint_id, eos_ids, load_config, recommended_sampling
+from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos_ids, load_config,
+                                       recommended_sampling)
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.files import write_json
+from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta
 from dflash_et.models.block import ModelArgs
 from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
@@ -78,6 +80,7 @@ class ExportConfig:
     shared_weights: bool = False
     sliding_cache: str = "ring"  # ring | full: how the target's sliding-window layers cache K/V (see check)
     draft_head: str = "same"     # same | 8da8w: the draft's head at the program's precision, or int8 (see quantize)
+    stock_forward: bool = True   # target.pte also has `forward` (logits alone) for ExecuTorch's stock runners (lower)
 
     @classmethod
     def from_params(cls, params: dict) -> "ExportConfig":
@@ -214,9 +217,17 @@ def _edge_options(backend: str) -> dict:
 
 
 def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata: dict):
-    """torch.export -> edge (with the backend's partitioner) -> ExecuTorch program manager, and op counts."""
+    """torch.export -> edge (with the backend's partitioner) -> ExecuTorch program manager, and op counts.
+
+    A target becomes two methods over one KV cache (`share_mutable_buffers`: the same buffers in both
+    are one tensor): `target`, which also returns the taps, for DFlash, and `forward`, logits alone, for
+    ExecuTorch's stock runners (`TextLLMRunner` takes the first output to be logits and refuses more).
+    Their weights are stored once, but each is lowered: `export.stock_forward=false` keeps `target` alone,
+    for half the lowering time. The op counts are the method a DFlash runner calls.
+    """
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
 
     args, dynamic = example_inputs(model, config, max_block)
     if config.shared_weights and config.quantize != "none":
@@ -225,17 +236,26 @@ def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata
         # quantized weights are tensor subclasses that lowering unwraps into new, untagged placeholders;
         # unwrapped first, their placeholders exist (and carry the tag) from export on
         unwrap_tensor_subclass(model)
+    taps = {DRAFT_METHOD: None} if not isinstance(model, Target) else \
+        {TARGET_METHOD: True, STOCK_METHOD: False} if config.stock_forward else {TARGET_METHOD: True}
+    programs = {}
     with torch.no_grad():
-        program = export(model, args, dynamic_shapes=dynamic, strict=False)
+        for name, with_taps in taps.items():
+            if with_taps is not None:
+                model.return_taps = with_taps
+            programs[name] = export(model, args, dynamic_shapes=dynamic, strict=False)
+    if isinstance(model, Target):
+        model.return_taps = True
     if config.shared_weights:  # tag the weights the delegate will hold, so it keeps them outside the .pte
-        for node in program.graph.nodes:
+        for node in (n for program in programs.values() for n in program.graph.nodes):
             if node.op == "placeholder" and _weight_tag(node):
                 node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
-    edge = to_edge_transform_and_lower(program, constant_methods=metadata, **_edge_options(config.backend))
-    info = get_delegation_info(edge.exported_program().graph_module)
+    edge = to_edge_transform_and_lower(programs, constant_methods=metadata, **_edge_options(config.backend))
+    info = get_delegation_info(edge.exported_program(next(iter(programs))).graph_module)
     ops = {"delegated": info.num_delegated_nodes, "portable": info.num_non_delegated_nodes,
            "delegate_calls": info.num_delegated_subgraphs}
-    backend_config = ExecutorchBackendConfig(external_constants=_weight_tag if config.shared_weights else False)
+    backend_config = ExecutorchBackendConfig(external_constants=_weight_tag if config.shared_weights else False,
+                                             memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True))
     return edge.to_executorch(backend_config), ops
 
 
@@ -246,27 +266,23 @@ def _weight_tag(node: torch.fx.Node) -> str | None:
 
 
 def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir: Path, draft_dir: Path,
-             max_block: int, settings: DraftSettings) -> dict:
-    """Constant methods: everything a runner must know, inside the program itself.
+             max_block: int, settings: DraftSettings) -> TargetMeta | DraftMeta:
+    """Everything a runner must know, inside the program itself (dflash_et.metadata).
 
     Each program carries the fingerprint of the checkpoint it was made from; the draft also carries
     its target's and the layers it reads, so a mismatched pair is caught when loading. A hybrid target
-    (only) says `get_recurrent_state` and `get_verify_rows`: its calls must go forward (start at 0, or within
+    (only) says `recurrent_state` and `verify_rows`: its calls must go forward (start at 0, or within
     the previous call), and one kept in part keeps at most its first `verify_rows` tokens, as every
     decode loop does (models.deltanet).
     """
-    common = {"get_max_seq_len": config.max_seq_len, "get_vocab_size": model.args.vocab_size,
-              "get_target_layer_ids": settings.target_layer_ids,
-              "get_uses_llama_custom_ops": config.backend != "mlx"}
-    if kind == "target":
-        sampling = {f"get_{k}": v for k, v in recommended_sampling(target_dir).items()}
-        hybrid = {"get_recurrent_state": True, "get_verify_rows": max_block} if recurrent(model.args) else {}
-        return common | sampling | hybrid | {"get_checkpoint_id": checkpoint_id(target_dir),
-                                             "get_eos_ids": eos_ids(target_dir),
-                                             "get_max_chunk": max(config.prefill_chunk, max_block)}
-    return common | {"get_checkpoint_id": checkpoint_id(draft_dir), "get_target_checkpoint_id": checkpoint_id(target_dir),
-                     "get_mask_token_id": settings.mask_token_id, "get_max_block_size": max_block,
-                     "get_max_context": config.max_seq_len - 2}
+    common = {"max_context_len": config.max_seq_len, "vocab_size": model.args.vocab_size,
+              "target_layer_ids": tuple(settings.target_layer_ids), "uses_llama_custom_ops": config.backend != "mlx"}
+    if kind == "draft":
+        return DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
+                         checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir))
+    hybrid = {"recurrent_state": True, "verify_rows": max_block} if recurrent(model.args) else {}
+    return TargetMeta(**common, **recommended_sampling(target_dir), **hybrid, max_seq_len=max(config.prefill_chunk, max_block),
+                      eos_ids=tuple(eos_ids(target_dir)), bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir))
 
 
 def recurrent(args: ModelArgs) -> bool:
@@ -300,7 +316,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
                                         target_only=None if kind == "target" else BORROWED, verify_call=max_block)
     model = target if kind == "target" else draft
     quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
-    meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings)
+    meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings).constant_methods()
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
     program, ops = lower(model, config, max_block, meta)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from dflash_et.errors import ExportError
 
 # export settings only one program reads (dvc.yaml: the other's export stage does not rerun for them)
-TARGET_ONLY, DRAFT_ONLY = ("prefill_chunk", "sliding_cache"), ("draft_head",)
+TARGET_ONLY, DRAFT_ONLY = ("prefill_chunk", "sliding_cache", "stock_forward"), ("draft_head",)
 
 
 def merge_weights(ptds: list[Path], out: Path) -> dict:

@@ -165,14 +165,14 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
     target_p, draft_p = programs
     if not prompts:
         raise ValueError("the sampling check needs at least one prompt")
-    max_seq_len, chunk = target_p.meta["max_seq_len"], target_p.meta["max_chunk"]
-    block = draft_p.meta["max_block_size"]
+    max_seq_len, chunk = target_p.meta.max_context_len, target_p.meta.max_seq_len
+    block = draft_p.meta.max_block_len
     reference = check.settings("argmax", check.seed)
     tests, worst_p, worst_where, max_tv, unexpected = 0, 1.0, None, 0.0, 0
     for n, (ids, label) in enumerate(zip(prompts[:check.prompts], labels)):
         seed = check.seed + 3 * n * check.samples  # every completion of every run its own seed
         # (a hybrid target's recurrent state cannot go back to the prompt's end: it prefills every time)
-        once = check.tokens <= target_p.meta["max_chunk"] and not target_p.meta.get("recurrent_state")
+        once = check.tokens <= target_p.meta.max_seq_len and not target_p.meta.recurrent_state
         target = PrefillOnce(target_p, len(ids)) if once else target_p
         exact: dict[tuple[int, ...], torch.Tensor] = {}  # completion -> [len, V] probabilities, for both modes
         for m, proposals in enumerate(PROPOSALS, start=1):

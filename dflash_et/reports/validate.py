@@ -94,7 +94,7 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
     worst = {k: Worst() for k in ("target_abs", "target_rel", "draft_abs", "draft_rel")}
     agree = total = 0
     for ids, label in zip(prompts, labels):
-        for tokens, start in call_plan(ids, meta_t["max_chunk"], meta_d["max_block_size"], meta_t["max_seq_len"]):
+        for tokens, start in call_plan(ids, meta_t.max_seq_len, meta_d.max_block_len, meta_t.max_context_len):
             x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
             with torch.no_grad():
                 ref_logits, ref_taps = target_e(x, pos)
@@ -105,7 +105,7 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
                 worst["target_rel"].update(rel, f"{label}, target {name} at {start}")
             agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum().item()
             total += len(tokens)
-            block = min(meta_d["max_block_size"], meta_d["max_seq_len"] - start - len(tokens))
+            block = min(meta_d.max_block_len, meta_d.max_context_len - start - len(tokens))
             if block >= 2:
                 draft_x = torch.tensor([[tokens[-1]] + [settings.mask_token_id] * (block - 1)])
                 with torch.no_grad():
@@ -124,7 +124,7 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
     Returns the fraction of (prompt, block) runs that matched exactly, the first divergence, and tau per block.
     """
     target_p, draft_p = programs
-    max_seq_len, chunk, largest = target_p.meta["max_seq_len"], target_p.meta["max_chunk"], draft_p.meta["max_block_size"]
+    max_seq_len, chunk, largest = target_p.meta.max_context_len, target_p.meta.max_seq_len, draft_p.meta.max_block_len
     blocks = blocks or [*sorted({2, largest}), AUTO]
     planner = None
     if AUTO in blocks:
@@ -162,9 +162,9 @@ def against_transformers(programs, target_dir: Path, layer_ids: list[int], promp
     meta = target_p.meta
     worst, divergence = [0.0, 0.0], None
     for ids, label in zip(prompts, labels):
-        plan = call_plan(ids, meta["max_chunk"], draft_p.meta["max_block_size"], meta["max_seq_len"])
+        plan = call_plan(ids, meta.max_seq_len, draft_p.meta.max_block_len, meta.max_context_len)
         worst = [max(w, e) for w, e in zip(worst, transformers_oracle.compare_calls(target_p, model, plan, layer_ids))]
-        tokens = generate_ar(target_p, ids, max_new_tokens, eos, meta["max_seq_len"], meta["max_chunk"]).tokens
+        tokens = generate_ar(target_p, ids, max_new_tokens, eos, meta.max_context_len, meta.max_seq_len).tokens
         where = transformers_oracle.greedy_divergence(model, ids, tokens, eos)
         divergence = divergence or (where and f"{where} on {label}")
     return {"logits_rel_err": worst[0], "taps_rel_err": worst[1], "greedy_divergence": divergence}
@@ -181,11 +181,11 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         return {"skipped": skipped, "failures": []}
     programs = load_programs(programs_dir)
     for program, ckpt in zip(programs, (target_dir, draft_dir)):
-        if program.meta.get("checkpoint_id") != checkpoint_id(ckpt):
+        if program.meta.checkpoint_id != checkpoint_id(ckpt):
             raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
                                "programs (dvc repro) or point validate at the matching weights")
     export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
-    target, draft, settings = load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"])
+    target, draft, settings = load_pair(target_dir, draft_dir, programs[0].meta.max_context_len)
     for model in (target, draft):  # the eager twin of each program: same dtype, same quantization
         quantize(model.to(DTYPES[export_config.dtype]), export_config)
     eager = (target, draft, settings)
@@ -195,10 +195,10 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     labels = [f"prompt {i} ({_text(r['prompt'])[:40]!r})" for i, r in enumerate(rows)]
 
     numerics = compare_numerics(programs, eager, prompts, labels)
-    eos = set(programs[0].meta["eos_ids"])
+    eos = set(programs[0].meta.eos_ids)
     exact = export_config.quantize == "none" and export_config.dtype == "fp32"
     # What the reduced precision costs the model itself: the program against the fp32 weights it came from
-    fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta["max_seq_len"]),
+    fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta.max_context_len),
                                                prompts, labels)
     limits = config.fp32 if exact else config.reduced
     oracle = against_transformers(programs, target_dir, settings.target_layer_ids, prompts, labels, eos,

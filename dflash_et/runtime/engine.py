@@ -1,11 +1,12 @@
 """The DFlash engine over the ExecuTorch programs: what `dflash generate` and the bench run.
 
-Every limit comes from the programs' metadata (max_seq_len, prefill chunk, EOS ids, mask token,
+Every limit comes from the programs' metadata (cache length, prefill chunk, EOS ids, mask token,
 max block), so the engine needs nothing but the programs directory. `block_size="auto"` adapts the
 block to this device (`adaptive.py`): its cost curve comes from a file the bench wrote, or is
 measured on first use, and what the planner learns carries over from one generation to the next.
 """
 
+from dataclasses import asdict
 from pathlib import Path
 
 from dflash_et.errors import ProgramError
@@ -34,7 +35,7 @@ def check_block_size(block_size: BlockSize, max_block_size: int, draft_name: str
 
 def recommended(meta: dict, target_pte: Path, **overrides) -> Sampling:
     """The recommended sampling settings in target.pte's metadata `meta`, `overrides` on top."""
-    if "temperature" not in meta:
+    if meta.get("temperature") is None:
         raise ProgramError(f"{target_pte} carries no recommended sampling settings (exported before "
                            "they were recorded); re-export it (dvc repro) or give the settings explicitly")
     return Sampling.from_metadata(meta, **overrides)
@@ -44,10 +45,10 @@ class Engine:
     def __init__(self, programs_dir: Path, cost_curve: Path | None = None):
         self.target, self.draft = load_programs(programs_dir)
         t, d = self.target.meta, self.draft.meta
-        self.max_seq_len, self.chunk, self.eos_ids = t["max_seq_len"], t["max_chunk"], set(t["eos_ids"])
-        self.mask_token_id, self.max_block_size = d["mask_token_id"], d["max_block_size"]
+        self.max_seq_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
+        self.mask_token_id, self.max_block_size = d.mask_token_id, d.max_block_len
         # which programs these are, for a cost curve measured on them
-        self.identity = ":".join(str(x) for x in (t.get("checkpoint_id"), d.get("checkpoint_id"), self.max_seq_len,
+        self.identity = ":".join(str(x) for x in (t.checkpoint_id, d.checkpoint_id, self.max_seq_len,
                                                   self.max_block_size, self.target.path.stat().st_size,
                                                   self.draft.path.stat().st_size))
         self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None
@@ -77,7 +78,7 @@ class Engine:
 
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
-        return recommended(self.target.meta, self.target.path, **overrides)
+        return recommended(asdict(self.target.meta), self.target.path, **overrides)
 
     def ar(self, prompt: list[int], max_new_tokens: int, on_tokens: OnTokens = None,
            sampler: Sampler | None = None) -> Generation:

@@ -2,7 +2,7 @@
 
 `TargetProgram` and `DraftProgram` have the eager models' call signatures, so the decoding
 loops in `generate.py` drive them unchanged. Every limit a runner needs comes from the
-programs' own constant methods.
+programs' own constant methods (dflash_et.metadata).
 """
 
 import json
@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from dflash_et.errors import ProgramError
+from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD, DraftMeta, Metadata, TargetMeta
 
 # export.backend -> the id its delegate registers in the ExecuTorch runtime, and where that runtime has it
 # (portable programs need no delegate)
@@ -41,7 +42,11 @@ def missing_backend(programs_dir: Path) -> str | None:
 
 
 class Program:
-    """One `.pte` (with its `.ptd` when the weights live outside it), its `forward` and metadata."""
+    """One `.pte` (with its `.ptd` when the weights live outside it), the method a DFlash runner calls and
+    the program's metadata record."""
+
+    METHOD: str
+    META: type[Metadata]
 
     def __init__(self, pte: Path, ptd: Path | None = None):
         # The programs call llama::update_cache / llama::custom_sdpa: their kernels must be
@@ -62,21 +67,18 @@ class Program:
         except RuntimeError as e:
             raise ProgramError(f"{pte} is not a readable ExecuTorch program ({e}): truncated or corrupt; rebuild "
                                "it (dvc repro) or pull it again (dvc pull)") from None
+        if self.METHOD not in self.program.method_names:
+            raise ProgramError(f"{pte} has no {self.METHOD!r} method (it has {', '.join(sorted(self.program.method_names))}): "
+                               "it was exported by another tool or an older dflash-et; re-export it (dvc repro)")
         try:
-            self._forward = self.program.load_method("forward")
+            self._method = self.program.load_method(self.METHOD)
         except RuntimeError as e:
             hint = " (it needs its .ptd weights file)" if ptd is None else ""
             raise ProgramError(f"{pte}: cannot be loaded by executorch.runtime{hint}: {e}") from None
-        self.meta = {name.removeprefix("get_"): self._constant(name)
-                     for name in sorted(self.program.method_names) if name.startswith("get_")}
-
-    def _constant(self, name: str):
-        values = self.program.load_method(name).execute([])
-        values = [v.item() if isinstance(v, torch.Tensor) else v for v in values]
-        return values[0] if len(values) == 1 and not name.endswith("_ids") else values
+        self.meta = self.META.read(self.program, str(pte))
 
     def execute(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        return self._forward.execute(list(args))
+        return self._method.execute(list(args))
 
 
 class TargetProgram(Program):
@@ -84,26 +86,30 @@ class TargetProgram(Program):
     silently continue from the wrong recurrent state: one before the previous call or past its end, or one
     keeping more than `verify_rows` of a longer call but not all of it (models.deltanet)."""
 
+    METHOD, META = TARGET_METHOD, TargetMeta
+
     def __init__(self, pte: Path, ptd: Path | None = None):
         super().__init__(pte, ptd)
         self.span = None  # the previous call's (start, end) in a hybrid target
 
     def __call__(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.meta.get("recurrent_state"):
+        if self.meta.recurrent_state:
             start = int(input_pos[0])
             if start != 0 and not (self.span and self.span[0] <= start <= self.span[1]):
                 raise ProgramError(f"{self.path}: a hybrid target's call must start at 0 (a new sequence) or within "
                                    f"the previous call (positions {self.span}), not at {start}: its recurrent state "
                                    "only goes forward")
-            if start != 0 and self.meta["verify_rows"] < start - self.span[0] < self.span[1] - self.span[0]:
+            if start != 0 and self.meta.verify_rows < start - self.span[0] < self.span[1] - self.span[0]:
                 raise ProgramError(f"{self.path}: a hybrid target's call may keep all of the previous call or at most "
-                                   f"its first {self.meta['verify_rows']} tokens, not {start - self.span[0]}")
+                                   f"its first {self.meta.verify_rows} tokens, not {start - self.span[0]}")
             self.span = (start, start + tokens.shape[1])
         logits, hidden = self.execute(tokens, input_pos)
         return logits, hidden
 
 
 class DraftProgram(Program):
+    METHOD, META = DRAFT_METHOD, DraftMeta
+
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         return self.execute(tokens, hidden, input_pos)[0]
 
@@ -114,8 +120,8 @@ def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
     ptd = ptd if ptd.exists() else None
     target = TargetProgram(programs_dir / "target.pte", ptd)
     draft = DraftProgram(programs_dir / "draft.pte", ptd)
-    if (draft.meta.get("target_checkpoint_id") != target.meta.get("checkpoint_id")
-            or draft.meta.get("target_layer_ids") != target.meta.get("target_layer_ids")):
+    if (draft.meta.target_checkpoint_id != target.meta.checkpoint_id
+            or draft.meta.target_layer_ids != target.meta.target_layer_ids):
         raise ProgramError(f"{draft.path} was exported for another target than {target.path}; "
                            "export both from the same pair")
     return target, draft

@@ -6,11 +6,14 @@
 
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 
+#include "metadata.h"
+
 namespace dflash {
 namespace {
 
 using executorch::aten::ScalarType;
 using executorch::extension::from_blob;
+namespace meta = metadata;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -27,32 +30,33 @@ std::vector<int64_t> positions(int64_t start, int64_t length) {
 Pair::Pair(const std::string& dir) {
   const std::string ptd = dir + "/shared.ptd";
   if (is_file(ptd)) weights_ = std::make_unique<SharedWeights>(ptd);
-  target_ = std::make_unique<Pte>(dir + "/target.pte", weights_.get());
-  draft_ = std::make_unique<Pte>(dir + "/draft.pte", weights_.get());
-  if (draft_->integer("target_checkpoint_id") != target_->integer("checkpoint_id") ||
-      draft_->integers("target_layer_ids") != target_->integers("target_layer_ids")) {
+  target_ = std::make_unique<Pte>(dir + "/target.pte", meta::kTargetMethod, weights_.get());
+  draft_ = std::make_unique<Pte>(dir + "/draft.pte", meta::kDraftMethod, weights_.get());
+  if (draft_->integer(meta::kTargetCheckpointId) != target_->integer(meta::kCheckpointId) ||
+      draft_->integers(meta::kTargetLayerIds) != target_->integers(meta::kTargetLayerIds)) {
     throw UserError(draft_->path() + " was exported for another target than " + target_->path() +
                     "; export both from the same pair");
   }
-  std::vector<int64_t> eos = target_->integers("eos_ids");
-  limits_ = {target_->integer("max_seq_len"), target_->integer("max_chunk"), draft_->integer("mask_token_id"),
-             draft_->integer("max_block_size"), target_->integer("vocab_size"), {eos.begin(), eos.end()}};
+  std::vector<int64_t> eos = target_->integers(meta::kEosIds);
+  limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
+             draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
+             target_->integer(meta::kVocabSize), {eos.begin(), eos.end()}};
 }
 
 std::optional<Sampling> Pair::recommended() const {
-  if (!target_->has("temperature")) return std::nullopt;
+  if (!target_->has(meta::kTemperature)) return std::nullopt;
   Sampling s;
-  s.temperature = target_->real("temperature");
-  s.top_p = target_->real("top_p");
-  s.top_k = target_->integer("top_k");
+  s.temperature = target_->real(meta::kTemperature);
+  s.top_p = target_->real(meta::kTopP);
+  s.top_k = target_->integer(meta::kTopK);
   return s;
 }
 
 void Pair::check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const {
   if (prompt.empty()) throw UserError("the prompt is empty; give at least one token");
-  if (static_cast<int64_t>(prompt.size()) > limits_.max_seq_len) {
+  if (static_cast<int64_t>(prompt.size()) > limits_.max_context_len) {
     throw UserError("the prompt has " + std::to_string(prompt.size()) + " tokens but max_seq_len is " +
-                    std::to_string(limits_.max_seq_len) +
+                    std::to_string(limits_.max_context_len) +
                     "; shorten the prompt or export with a larger export.max_seq_len");
   }
   if (max_new_tokens < 1) throw UserError("max_new_tokens must be at least 1, got " + std::to_string(max_new_tokens));
@@ -67,7 +71,7 @@ void Pair::check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) con
 void Pair::target(std::vector<int64_t> tokens, int64_t pos) {
   std::vector<int64_t> at = positions(pos, tokens.size());
   const auto n = static_cast<int32_t>(tokens.size());
-  target_->forward({*from_blob(tokens.data(), {1, n}, ScalarType::Long), *from_blob(at.data(), {n}, ScalarType::Long)});
+  target_->call({*from_blob(tokens.data(), {1, n}, ScalarType::Long), *from_blob(at.data(), {n}, ScalarType::Long)});
 }
 
 void Pair::keep_taps(std::vector<float>& taps, int64_t rows) {
@@ -98,7 +102,7 @@ Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, 
   out.tokens.push_back(prefill(prompt, nullptr, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   while (static_cast<int64_t>(out.tokens.size()) < max_new_tokens && !limits_.eos_ids.count(out.tokens.back()) &&
-         pos < limits_.max_seq_len) {
+         pos < limits_.max_context_len) {
     const double t0 = now();
     target({out.tokens.back()}, pos);
     const double t1 = now();
@@ -127,7 +131,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
   std::vector<float> q;  // the distributions sampled proposals were drawn from
   while (!done) {
     const int64_t room = std::min({block, max_new_tokens - static_cast<int64_t>(out.tokens.size()),
-                                   limits_.max_seq_len - pos});
+                                   limits_.max_context_len - pos});
     if (room < 1) break;
     const double t0 = now();
     const int64_t last = out.tokens.back();
@@ -139,7 +143,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
       const auto n = static_cast<int32_t>(unseen.size() / taps_width_);
       context = positions(unseen_start, n);
       const double t1 = now();
-      draft_->forward({*from_blob(block_ids.data(), {1, static_cast<int32_t>(room)}, ScalarType::Long),
+      draft_->call({*from_blob(block_ids.data(), {1, static_cast<int32_t>(room)}, ScalarType::Long),
                        *from_blob(unseen.data(), {1, n, static_cast<int32_t>(taps_width_)}, ScalarType::Float),
                        *from_blob(context.data(), {n}, ScalarType::Long)});
       draft_s = now() - t1;

@@ -15,7 +15,7 @@ namespace dflash {
 
 // Everything a runner needs to know, read from the programs' constant methods.
 struct Limits {
-  int64_t max_seq_len, chunk, mask_token_id, max_block, vocab_size;
+  int64_t max_context_len, chunk, mask_token_id, max_block, vocab_size;
   std::set<int64_t> eos_ids;
 };
 

@@ -189,7 +189,7 @@ Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_token
 // --serve: the programs stay loaded (and their caches warm) across requests; a bad request gets an error reply.
 void serve(dflash::Pair& pair) {
   const auto& l = pair.limits();
-  std::cout << "{\"max_seq_len\": " << l.max_seq_len << ", \"max_block_size\": " << l.max_block;
+  std::cout << "{\"max_context_len\": " << l.max_context_len << ", \"max_block_len\": " << l.max_block;
   if (const auto s = pair.recommended()) {
     std::cout << ", \"temperature\": " << s->temperature << ", \"top_p\": " << s->top_p << ", \"top_k\": " << s->top_k;
   }

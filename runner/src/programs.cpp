@@ -39,7 +39,7 @@ SharedWeights::SharedWeights(const std::string& path) {
   map_ = std::make_unique<executorch::extension::FlatTensorDataMap>(std::move(map.get()));
 }
 
-Pte::Pte(const std::string& path, const SharedWeights* weights) : path_(path) {
+Pte::Pte(const std::string& path, const char* method_name, const SharedWeights* weights) : path_(path) {
   loader_ = open(path, "build the programs (dvc repro) or pull them (dvc pull)");
   auto program = executorch::runtime::Program::load(loader_.get(), executorch::runtime::Program::Verification::Minimal);
   if (!program.ok()) {
@@ -47,10 +47,11 @@ Pte::Pte(const std::string& path, const SharedWeights* weights) : path_(path) {
                     "): truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)");
   }
   program_ = std::make_unique<executorch::runtime::Program>(std::move(program.get()));
-  if (!program_->method_meta("forward").ok()) {
-    throw UserError(path + " has no forward method; it is not a dflash-et program");
+  if (!program_->method_meta(method_name).ok()) {
+    throw UserError(path + " has no " + method_name + " method: it was exported by another tool or an older "
+                    "dflash-et; re-export it (dvc repro)");
   }
-  auto method = load("forward", arena_, weights);
+  auto method = load(method_name, arena_, weights);
   if (!method.ok()) {
     std::string why = name_of(method.error());
     if (method.error() == Error::OperatorMissing) {
@@ -61,7 +62,7 @@ Pte::Pte(const std::string& path, const SharedWeights* weights) : path_(path) {
                              : std::string("; if it keeps its weights in a .ptd (export.shared_weights), "
                                            "shared.ptd must be beside it")));
   }
-  forward_ = std::make_unique<executorch::runtime::Method>(std::move(method.get()));
+  method_ = std::make_unique<executorch::runtime::Method>(std::move(method.get()));
 }
 
 executorch::runtime::Result<executorch::runtime::Method> Pte::load(const char* name, Arena& arena,
@@ -79,8 +80,7 @@ executorch::runtime::Result<executorch::runtime::Method> Pte::load(const char* n
   return program_->load_method(name, arena.memory.get(), nullptr, weights ? weights->map() : nullptr);
 }
 
-std::vector<EValue> Pte::constant(const std::string& name) const {
-  const std::string method_name = "get_" + name;
+std::vector<EValue> Pte::constant(const std::string& method_name) const {
   auto meta = program_->method_meta(method_name.c_str());
   if (!meta.ok()) {
     throw UserError(path_ + " lacks " + method_name + "; it was exported by another tool or an older dflash-et: "
@@ -96,36 +96,36 @@ std::vector<EValue> Pte::constant(const std::string& name) const {
   return values;
 }
 
-bool Pte::has(const std::string& name) const { return program_->method_meta(("get_" + name).c_str()).ok(); }
+bool Pte::has(const std::string& name) const { return program_->method_meta(name.c_str()).ok(); }
 
 double Pte::real(const std::string& name) const {
   auto values = constant(name);
-  if (values.size() != 1 || !values[0].isDouble()) throw UserError(path_ + ": get_" + name + " is not one number");
+  if (values.size() != 1 || !values[0].isDouble()) throw UserError(path_ + ": " + name + " is not one number");
   return values[0].toDouble();
 }
 
 int64_t Pte::integer(const std::string& name) const {
   auto values = constant(name);
-  if (values.size() != 1 || !values[0].isInt()) throw UserError(path_ + ": get_" + name + " is not one integer");
+  if (values.size() != 1 || !values[0].isInt()) throw UserError(path_ + ": " + name + " is not one integer");
   return values[0].toInt();
 }
 
 std::vector<int64_t> Pte::integers(const std::string& name) const {
   std::vector<int64_t> out;
   for (const auto& v : constant(name)) {
-    if (!v.isInt()) throw UserError(path_ + ": get_" + name + " is not a list of integers");
+    if (!v.isInt()) throw UserError(path_ + ": " + name + " is not a list of integers");
     out.push_back(v.toInt());
   }
   return out;
 }
 
-void Pte::forward(const std::vector<EValue>& inputs) {
+void Pte::call(const std::vector<EValue>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const Error e = forward_->set_input(inputs[i], i);
+    const Error e = method_->set_input(inputs[i], i);
     if (e != Error::Ok) throw std::runtime_error(path_ + ": input " + std::to_string(i) + " rejected (" + name_of(e) + ")");
   }
-  const Error e = forward_->execute();
-  if (e != Error::Ok) throw std::runtime_error(path_ + ": forward failed (" + name_of(e) + ")");
+  const Error e = method_->execute();
+  if (e != Error::Ok) throw std::runtime_error(path_ + ": its method failed (" + name_of(e) + ")");
 }
 
 }  // namespace dflash

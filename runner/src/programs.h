@@ -32,23 +32,23 @@ class SharedWeights {
   std::unique_ptr<executorch::extension::FlatTensorDataMap> map_;
 };
 
-// One program: its `forward` method, ready to execute, and its constant methods (`get_*` metadata).
+// One program: the method a DFlash runner calls, ready to execute, and its constant methods (metadata.h).
 class Pte {
  public:
-  Pte(const std::string& path, const SharedWeights* weights);
+  Pte(const std::string& path, const char* method_name, const SharedWeights* weights);
   Pte(const Pte&) = delete;
   Pte& operator=(const Pte&) = delete;
 
-  // A constant method's values (one per list element); `name` is the key without `get_`.
+  // A constant method's values (one per list element); `name` is the method's (metadata.h).
   std::vector<executorch::runtime::EValue> constant(const std::string& name) const;
   bool has(const std::string& name) const;
   int64_t integer(const std::string& name) const;
   double real(const std::string& name) const;
   std::vector<int64_t> integers(const std::string& name) const;
 
-  // Runs forward on `inputs`; output(i) then stays valid until the next call.
-  void forward(const std::vector<executorch::runtime::EValue>& inputs);
-  const executorch::aten::Tensor& output(size_t i) const { return forward_->get_output(i).toTensor(); }
+  // Runs the method on `inputs`; output(i) then stays valid until the next call.
+  void call(const std::vector<executorch::runtime::EValue>& inputs);
+  const executorch::aten::Tensor& output(size_t i) const { return method_->get_output(i).toTensor(); }
   const std::string& path() const { return path_; }
 
   // What one loaded method owns: its allocators and planned memory (activations, and the KV caches that
@@ -69,7 +69,7 @@ class Pte {
   std::unique_ptr<executorch::extension::MmapDataLoader> loader_;
   std::unique_ptr<executorch::runtime::Program> program_;
   Arena arena_;
-  std::unique_ptr<executorch::runtime::Method> forward_;
+  std::unique_ptr<executorch::runtime::Method> method_;
 };
 
 }  // namespace dflash

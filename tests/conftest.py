@@ -238,7 +238,8 @@ def validate_config(**params):
 
 
 def build_programs(pair, out: Path, **export_params) -> Path:
-    """Export both programs and package them into `out`, as the pipeline's stages do."""
+    """Export both programs and package them into `out`, as the pipeline's stages do. (Fixtures whose tests never
+    call the target's stock `forward` pass stock_forward=False: it doubles the target's lowering time.)"""
     from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program
     from dflash_et.export.package import package
 
@@ -267,7 +268,8 @@ def shared_programs(trained_pair, tmp_path_factory) -> Path:
 def quantized_shared_programs(trained_pair, tmp_path_factory) -> Path:
     """8da4w programs of the trained pair with export.shared_weights (one shared.ptd)."""
     return built_once(tmp_path_factory, "8da4w-shared",
-                      lambda out: build_programs(trained_pair, out, quantize="8da4w", shared_weights=True)) / "programs"
+                      lambda out: build_programs(trained_pair, out, quantize="8da4w", shared_weights=True,
+                                                   stock_forward=False)) / "programs"
 
 
 @pytest.fixture(scope="session")

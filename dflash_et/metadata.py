@@ -75,5 +75,3 @@ class DraftMeta(Metadata):
     target_checkpoint_id: int           # the target it was exported for: a mismatched pair fails on loading
     uses_llama_custom_ops: bool
 
-
-ALL_NAMES = sorted({method_name(f.name) for record in (TargetMeta, DraftMeta) for f in fields(record)})

@@ -14,7 +14,7 @@ from dflash_et.data.prompts import tokenizer
 from dflash_et.errors import ProgramError
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, method_name
 from dflash_et.runtime.generate import generate_ar
-from dflash_et.runtime.programs import load_programs
+from dflash_et.runtime.programs import TargetProgram, load_programs
 from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
 
 HEADER = Path(__file__).resolve().parents[1] / "runner" / "src" / "metadata.h"
@@ -101,3 +101,10 @@ def test_programs_without_the_names_are_a_clear_error(record):
     with pytest.raises(ProgramError, match=r"^old\.pte lacks get_\w+: it was exported by another tool or an "
                                            r"older dflash-et; re-export it \(dvc repro\)$"):
         record.read(_Program(), "old.pte")
+
+
+def test_a_program_without_the_dflash_method_is_a_clear_error(programs):
+    """As a target.pte from before this layout (its one method `forward`) would be: named, with the fix."""
+    with pytest.raises(ProgramError, match=r"draft\.pte has no 'target' method \(it has forward, get_\w+.*\): it was "
+                                           r"exported by another tool or an older dflash-et; re-export it \(dvc repro\)$"):
+        TargetProgram(programs / "draft.pte")

@@ -3,18 +3,20 @@
 The names mean what ExecuTorch's LLM runners (extension/llm/runner) and upstream's DFlash example
 (backends/mlx/examples/llm/dflash) take them to mean, so a stock `TextLLMRunner` drives target.pte's
 `forward` as it drives any LLM: `get_max_seq_len` is the most tokens one call takes, `get_max_context_len`
-the KV cache's length, `get_max_block_len` the draft's longest block. The C++ runner spells the same
-names in runner/src/metadata.h (a test holds the two to one list).
+the KV cache's length, `get_max_block_len` the draft's longest block; a target also answers to the names
+upstream's DFlash driver reads (`ALIASES`). The C++ runner spells the same names in runner/src/metadata.h
+(a test holds the two to one list).
 """
 
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from dflash_et.errors import ProgramError
 
-# target.pte's methods: the stock runners' `forward` (logits) and DFlash's `target` (logits and taps); both
-# write the same KV cache. draft.pte's only method is `forward`.
-TARGET_METHOD, STOCK_METHOD, DRAFT_METHOD = "target", "forward", "forward"
+# target.pte's methods: the stock runners' `forward` (logits) and DFlash's `target` (logits and taps), which
+# write the same KV cache, and the draft's `draft`, in draft.pte (export.layout pair) or beside them (single),
+# as upstream's DFlash example names its methods
+TARGET_METHOD, STOCK_METHOD, DRAFT_METHOD = "target", "forward", "draft"
 UNPREFIXED = ("use_kv_cache", "enable_dynamic_shape")  # ExecuTorch's runners read these two without `get_`
 
 
@@ -25,8 +27,11 @@ def method_name(field: str) -> str:
 class Metadata:
     """A typed record of constant methods: `constant_methods()` for export, `read(program)` for a runner."""
 
+    ALIASES: ClassVar[dict[str, str]] = {}  # other tools' names for a field: name -> field
+
     def constant_methods(self) -> dict[str, Any]:
-        return {method_name(k): list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v is not None}
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v is not None}
+        return {method_name(k): v for k, v in values.items()} | {name: values[k] for name, k in self.ALIASES.items()}
 
     @classmethod
     def read(cls, program, where: str):
@@ -43,6 +48,17 @@ class Metadata:
             out = [v.item() if hasattr(v, "item") else v for v in program.load_method(name).execute([])]
             values[f.name] = tuple(out) if f.name.endswith("_ids") else out[0]
         return cls(**values)
+
+
+def merged(*records: Metadata) -> dict[str, Any]:
+    """The constant methods of one program holding several records' methods (export.layout single): a name
+    they share must mean one value."""
+    out: dict[str, Any] = {}
+    for record in records:
+        for name, value in record.constant_methods().items():
+            if out.setdefault(name, value) != value:
+                raise ValueError(f"{name} is {out[name]!r} for one method and {value!r} for another")
+    return out
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,10 @@ class TargetMeta(Metadata):
     recurrent_state: bool = False       # a hybrid target: calls go forward only (models.deltanet)
     verify_rows: int | None = None      # ... and one kept in part keeps at most this many of its tokens
 
+    # upstream's DFlash driver (backends/mlx/examples/llm/runtime_meta.py) reads the cache length and its
+    # prefill chunk (the most tokens a call takes) by these names
+    ALIASES: ClassVar[dict[str, str]] = {"get_max_ctx_len": "max_context_len", "get_prefill_chunk_size": "max_seq_len"}
+
 
 @dataclass(frozen=True)
 class DraftMeta(Metadata):
@@ -71,7 +91,7 @@ class DraftMeta(Metadata):
     mask_token_id: int
     vocab_size: int
     target_layer_ids: tuple[int, ...]
-    checkpoint_id: int
+    draft_checkpoint_id: int            # its own name: one program may hold the target's methods too
     target_checkpoint_id: int           # the target it was exported for: a mismatched pair fails on loading
     uses_llama_custom_ops: bool
 

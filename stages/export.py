@@ -1,5 +1,6 @@
-"""export stage: `python -m stages.export target|draft TARGET_DIR DRAFT_DIR OUT [MEMORY_REPORT]` lowers one
-program; MEMORY_REPORT (a DVC metric) gets the export's peak resident memory."""
+"""export stage: `python -m stages.export target|draft|single TARGET_DIR DRAFT_DIR OUT [MEMORY_REPORT]` lowers one
+program (or, for a kind export.layout does not use, writes its summary alone); MEMORY_REPORT (a DVC metric)
+gets the export's peak resident memory."""
 
 from pathlib import Path
 

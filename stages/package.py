@@ -1,6 +1,6 @@
-"""package stage: `python -m stages.package TARGET_BUILD DRAFT_BUILD TARGET_DIR DRAFT_DIR OUT`: the shippable
-programs directory (target.pte, draft.pte, shared.ptd when weights are shared, the tokenizer) and, with
-export.gguf, the target and the draft as GGUF files for llama.cpp users."""
+"""package stage: `python -m stages.package TARGET_BUILD DRAFT_BUILD SINGLE_BUILD TARGET_DIR DRAFT_DIR OUT`: the
+shippable programs directory (target.pte and draft.pte, or the single layout's target.pte; shared.ptd when weights
+are shared; the tokenizer) and, with export.gguf, the target and the draft as GGUF files for llama.cpp users."""
 
 from pathlib import Path
 
@@ -12,9 +12,9 @@ from stages.common import params, run
 
 
 def main(argv: list[str]) -> None:
-    target_build, draft_build, target_dir, draft_dir, out = map(Path, argv)
+    *builds, target_dir, draft_dir, out = map(Path, argv)
     with staged_dir(out) as tmp:
-        summary = package([target_build, draft_build], tmp, target_dir)
+        summary = package(builds, tmp, target_dir)
         if params()["export"].get("gguf"):
             config = summary["config"]
             try:

@@ -265,6 +265,13 @@ def shared_programs(trained_pair, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def single_programs(trained_pair, tmp_path_factory) -> Path:
+    """The same pair with export.layout single: one target.pte with `forward`, `target` and `draft`."""
+    return built_once(tmp_path_factory, "single", lambda out: build_programs(trained_pair, out, layout="single")) \
+        / "programs"
+
+
+@pytest.fixture(scope="session")
 def quantized_shared_programs(trained_pair, tmp_path_factory) -> Path:
     """8da4w programs of the trained pair with export.shared_weights (one shared.ptd)."""
     return built_once(tmp_path_factory, "8da4w-shared",

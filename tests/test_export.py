@@ -33,7 +33,7 @@ def test_programs_are_self_describing(programs, trained_pair):
     assert target.meta.max_context_len == draft.meta.max_context_len == MAX_SEQ_LEN
     assert list(target.meta.eos_ids) == facts["eos_ids"]
     assert list(target.meta.target_layer_ids) == list(draft.meta.target_layer_ids) == facts["target_layer_ids"]
-    assert draft.meta.target_checkpoint_id == target.meta.checkpoint_id != draft.meta.checkpoint_id
+    assert draft.meta.target_checkpoint_id == target.meta.checkpoint_id != draft.meta.draft_checkpoint_id
     assert target.meta.vocab_size == facts["vocab_size"] and target.meta.max_seq_len == PREFILL_CHUNK
     assert draft.meta.mask_token_id == facts["mask_token_id"] and draft.meta.max_block_len == facts["block_size"]
     assert {f.name for f in programs.iterdir()} >= {"target.pte", "draft.pte", "tokenizer.json", "tokenizer_config.json"}

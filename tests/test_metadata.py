@@ -55,7 +55,7 @@ def test_forward_and_target_share_one_kv_cache(programs):
     assert len(arenas[STOCK_METHOD]) == len(arenas[TARGET_METHOD]) == 3  # unused, activations, shared state
     assert arenas[STOCK_METHOD][2] == arenas[TARGET_METHOD][2] > 0
     summary = json.loads((programs / "export.json").read_text())["programs"]["target"]
-    assert summary["bytes"] < 1.5 * summary["linears"]["bytes"]  # twice the weights would be over 2x
+    assert summary["bytes"] < 1.5 * summary["linears"]["target"]["bytes"]  # twice the weights would be over 2x
     target, _ = load_programs(programs)
     both = target.program.load_method(TARGET_METHOD), target.program.load_method(STOCK_METHOD)
     prompt, steps = torch.tensor([[5, 9, 14, 3, 22, 7]]), [torch.tensor([[11]]), torch.tensor([[4]]), torch.tensor([[30]])]
@@ -69,12 +69,17 @@ def test_forward_and_target_share_one_kv_cache(programs):
         torch.testing.assert_close(m, r, rtol=0, atol=1e-5)
 
 
-def test_text_llm_runner_decodes_target_pte_greedily(programs):
-    """ExecuTorch's own runner on target.pte and tokenizer.json, as a user would run it, gives the same
-    greedy continuation as our plain decoding of the same program."""
+@pytest.mark.parametrize("layout", ["programs", "single_programs", "shared_programs"])
+def test_text_llm_runner_decodes_target_pte_greedily(layout, request):
+    """ExecuTorch's own runner on target.pte and tokenizer.json (and shared.ptd, its data file, where the weights
+    are shared), as a user would run it, gives the same greedy continuation as our plain decoding of the same
+    program, in both layouts."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the program's llama:: kernels)
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
+    programs = request.getfixturevalue(layout)
+    ptd = programs / "shared.ptd"
+    assert ptd.exists() == (layout == "shared_programs")
     tok = tokenizer(programs)
     text = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text, add_special_tokens=False)
@@ -82,7 +87,8 @@ def test_text_llm_runner_decodes_target_pte_greedily(programs):
     meta = target.meta
     ours = generate_ar(target, ids, 24, set(meta.eos_ids), meta.max_context_len, meta.max_seq_len).tokens
     pieces: list[str] = []
-    runner = TextLLMRunner(str(programs / "target.pte"), str(programs / "tokenizer.json"))
+    runner = TextLLMRunner(str(programs / "target.pte"), str(programs / "tokenizer.json"),
+                           str(ptd) if ptd.exists() else None)
     runner.generate(text, GenerationConfig(echo=False, max_new_tokens=len(ours), temperature=0.0), pieces.append)
     assert "".join(pieces) == tok.decode(ours)
 
@@ -105,6 +111,6 @@ def test_programs_without_the_names_are_a_clear_error(record):
 
 def test_a_program_without_the_dflash_method_is_a_clear_error(programs):
     """As a target.pte from before this layout (its one method `forward`) would be: named, with the fix."""
-    with pytest.raises(ProgramError, match=r"draft\.pte has no 'target' method \(it has forward, get_\w+.*\): it was "
+    with pytest.raises(ProgramError, match=r"draft\.pte has no 'target' method \(it has draft, get_\w+.*\): it was "
                                            r"exported by another tool or an older dflash-et; re-export it \(dvc repro\)$"):
         TargetProgram(programs / "draft.pte")

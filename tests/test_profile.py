@@ -19,7 +19,7 @@ def test_export_records_what_a_call_computes_and_reads(programs, trained_pair):
     facts = checkpoint_facts(trained_pair)
     target = load_target(trained_pair[0], facts["target_layer_ids"], MAX_SEQ_LEN)
     draft = load_draft(trained_pair[1], target)
-    linears = {kind: s["linears"] for kind, s in json.loads((programs / "export.json").read_text())["programs"].items()}
+    linears = profile_calls.linears_of(json.loads((programs / "export.json").read_text()))
     for kind, model in (("target", target), ("draft", draft)):
         assert linears[kind]["parameters"] == linear_parameters(model)  # the borrowed head included
         assert linears[kind]["bytes"] == 4 * linears[kind]["parameters"]  # fp32
@@ -28,8 +28,8 @@ def test_export_records_what_a_call_computes_and_reads(programs, trained_pair):
 def test_quantized_weights_are_counted_at_their_precision(quantized_shared_programs):
     summary = json.loads((quantized_shared_programs / "export.json").read_text())
     group = summary["config"]["group_size"]
-    for s in summary["programs"].values():
-        assert s["linears"]["bytes"] == round(s["linears"]["parameters"] * (0.5 + 2 / group))  # 8da4w
+    for linears in profile_calls.linears_of(summary).values():
+        assert linears["bytes"] == round(linears["parameters"] * (0.5 + 2 / group))  # 8da4w
 
 
 def test_profile_splits_each_call_into_columns_that_add_up(programs):
@@ -52,7 +52,7 @@ def test_roofline_is_the_larger_of_memory_and_compute():
 
 def test_table_has_a_row_per_call_and_the_machine(programs):
     profiles = profile_calls.profile_programs(programs, tokens=[1], block=2, pos=4, repeats=1)
-    linears = {k: s["linears"] for k, s in json.loads((programs / "export.json").read_text())["programs"].items()}
+    linears = profile_calls.linears_of(json.loads((programs / "export.json").read_text()))
     text = profile_calls.table(profiles, linears, {"read_gb_s": 10.0, "fp32_gflops": 100.0})
     rows = [line for line in text.splitlines() if line.startswith("| target") or line.startswith("| draft")]
     assert len(rows) == 2 and all(line.count("|") == len(profile_calls.COLUMNS) + 6 for line in rows)

@@ -141,10 +141,10 @@ def prompts(programs):
     return [encode_chat(tok, r["prompt"]) for r in builtin_prompts(6)]
 
 
-@pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs"])
+@pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs", "single_programs"])
 def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
-    """fp32 and 8da4w, with and without shared.ptd: plain and DFlash at several blocks, the same tokens and the
-    same rounds (accepted proposals) as the Python engine."""
+    """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single): plain and DFlash at
+    several blocks, the same tokens and the same rounds (accepted proposals) as the Python engine."""
     programs = request.getfixturevalue(kind)
     python = Engine(programs)
     blocks = (0, 2, 5, python.max_block_size)  # 0: plain decoding
@@ -252,6 +252,14 @@ def test_runner_bad_inputs_are_one_line_errors(runner, programs, shared_programs
     assert_one_line_error(run_binary(runner, no_ptd, *prompt), "target.pte cannot be loaded")
     assert_one_line_error(run_binary(runner, no_ptd, *prompt), "shared.ptd must be beside it")
     assert_one_line_error(run_binary(runner, mixed_programs, *prompt), "draft.pte was exported for another target than")
+    swapped, lone = tmp_path / "swapped", tmp_path / "lone"  # a draft where the target belongs; a target alone
+    for d, source in ((swapped, "draft.pte"), (lone, "target.pte")):
+        d.mkdir()
+        (d / "target.pte").symlink_to(programs / source)
+    assert_one_line_error(run_binary(runner, swapped, *prompt), "target.pte has no target method: it was exported by "
+                          "another tool or an older dflash-et; re-export it (dvc repro)")
+    assert_one_line_error(run_binary(runner, lone, *prompt), "has no draft.pte, and its target.pte no 'draft' method "
+                          "(export.layout single puts the draft there)")
     too_long = ",".join(["1"] * (MAX_SEQ_LEN + 1))
     assert_one_line_error(run_binary(runner, programs, "--prompt-ids", too_long), "shorten the prompt")
     assert_one_line_error(run_binary(runner, programs, *prompt, "--block-size", "99"), "block size 99 is outside 2..")

@@ -58,15 +58,16 @@ def _column(name: str, delegated: bool) -> str:
     return "cache writes" if name.startswith("llama::update_cache") else "portable ops"
 
 
-def profile_call(pte: Path, ptd: Path | None, args: list[torch.Tensor], repeats: int, label: str,
+def profile_call(pte: Path, ptd: Path | None, method_name: str, args: list[torch.Tensor], repeats: int, label: str,
                  tokens: int) -> CallProfile:
-    """Run the DFlash method of `pte` (dflash_et.metadata) on `args` 1 + `repeats` times under ETDump and summarise the repeats (the warm-up is dropped)."""
+    """Run `method_name` of `pte` on `args` 1 + `repeats` times under ETDump and summarise the repeats (the
+    warm-up is dropped)."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the programs' llama:: kernels)
     from executorch.devtools import Inspector
     from executorch.runtime import Runtime
 
     program = Runtime.get().load_program(pte, data_path=ptd, enable_etdump=True, debug_buffer_size=0)
-    method = program.load_method(TARGET_METHOD if TARGET_METHOD in program.method_names else DRAFT_METHOD)
+    method = program.load_method(method_name)
     for _ in range(repeats + 1):
         method.execute(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,16 +107,14 @@ def profile_programs(programs_dir: Path, tokens: list[int], block: int, pos: int
 
     ptd = programs_dir / "shared.ptd"
     ptd = ptd if ptd.exists() else None
-    target, draft = load_programs(programs_dir)  # checks the pair and reads the shapes it needs
-    width = target(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))[1].shape[-1]
-    block = min(block, draft.meta.max_block_len)
+    target, draft = load_programs(programs_dir)  # checks the pair and finds the draft (draft.pte, or target.pte)
+    width = draft.program.metadata(DRAFT_METHOD).input_tensor_meta(1).sizes()[-1]  # the taps' [1, n, k*H]
+    block, paths = min(block, draft.meta.max_block_len), (target.path, draft.path)
     del target, draft
-    profiles = [profile_call(programs_dir / "target.pte", ptd,
-                             [torch.zeros(1, t, dtype=torch.long), torch.arange(pos, pos + t)], repeats,
-                             f"target T={t}", t) for t in tokens]
-    profiles.append(profile_call(programs_dir / "draft.pte", ptd,
-                                 [torch.zeros(1, block, dtype=torch.long), torch.zeros(1, 1, width),
-                                  torch.tensor([pos])], repeats, f"draft B={block}", block - 1))
+    profiles = [profile_call(paths[0], ptd, TARGET_METHOD, [torch.zeros(1, t, dtype=torch.long), torch.arange(pos, pos + t)],
+                             repeats, f"target T={t}", t) for t in tokens]
+    profiles.append(profile_call(paths[1], ptd, DRAFT_METHOD, [torch.zeros(1, block, dtype=torch.long), torch.zeros(1, 1, width),
+                                                             torch.tensor([pos])], repeats, f"draft B={block}", block - 1))
     return profiles
 
 
@@ -130,6 +129,13 @@ def machine_roofline() -> dict:
         a = torch.randn(2048, 2048)
         flops = 2 * 2048 ** 3 / (median_ms(lambda: a @ a, 5) / 1000)
     return {"read_gb_s": bandwidth / 1e9, "fp32_gflops": flops / 1e9}
+
+
+def linears_of(summary: dict) -> dict[str, dict | None]:
+    """Each model's Linears from a package's export.json: its programs' `linears`, by model (the single layout's
+    one program holds both); None for a model whose program predates them."""
+    return {"target": None, "draft": None} | {k: v for s in summary.get("programs", {}).values()
+                                              for k, v in s.get("linears", {}).items()}
 
 
 def roofline_ms(linears: dict, tokens: int, machine: dict) -> float:
@@ -172,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {a.programs} has no target.pte and export.json; point at a package stage's output "
               "(artifacts/programs)", file=sys.stderr)
         return 2
-    programs = json.loads(summary.read_text()).get("programs", {})
-    linears = {kind: programs.get(kind, {}).get("linears") for kind in ("target", "draft")}
+    linears = linears_of(json.loads(summary.read_text()))
     machine = machine_roofline()
     profiles = profile_programs(a.programs, a.tokens, a.block, a.pos, a.repeats)
     print(table(profiles, linears, machine))

@@ -3,11 +3,15 @@
 Each program carries its own metadata as constant methods (dflash_et.metadata), so a
 runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(prefill chunk,
 max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps.
+`export.layout` pair writes target.pte and draft.pte; single writes one target.pte that holds the
+draft's method too, as upstream's DFlash example does, storing the weights they share once.
 """
 
+import copy
 import json
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -21,7 +25,7 @@ from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.files import write_json
-from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta
+from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged
 from dflash_et.models.block import ModelArgs
 from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
@@ -59,7 +63,10 @@ SLIDING_CACHES = ("ring", "full")
 # call (tools.profile_calls). Its precision only moves the proposals, never what is accepted (the target decides).
 DRAFT_HEADS = ("same", "8da8w")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-PROGRAM_KINDS = ("target", "draft")
+# What each export stage lowers, by layout: `single` is one program of all three methods (DFlash's two and
+# the stock `forward`); the stages a layout does not use write their summary alone (package skips them).
+PROGRAM_KINDS = ("target", "draft", "single")
+LAYOUTS = {"pair": ("target", "draft"), "single": ("single",)}
 WEIGHTS_TAG = "weights"  # with export.shared_weights, the weights both programs use go to <kind>.ptd
 # lifted parameter names of the borrowed modules (`p_lm_head_weight`, or quantized and unwrapped,
 # `p_lm_head_parametrizations_weight_original0..2`)
@@ -81,6 +88,7 @@ class ExportConfig:
     sliding_cache: str = "ring"  # ring | full: how the target's sliding-window layers cache K/V (see check)
     draft_head: str = "same"     # same | 8da8w: the draft's head at the program's precision, or int8 (see quantize)
     stock_forward: bool = True   # target.pte also has `forward` (logits alone) for ExecuTorch's stock runners (lower)
+    layout: str = "pair"         # pair | single: target.pte + draft.pte, or one target.pte with the draft's method
 
     @classmethod
     def from_params(cls, params: dict) -> "ExportConfig":
@@ -125,6 +133,11 @@ class ExportConfig:
             raise ExportError(f"export.draft_head={self.draft_head} runs on XNNPACK's int8 dynamic-activation kernels in "
                               "an fp32 program and keeps its own head (shared.ptd cannot share it): set export.backend="
                               "xnnpack, export.dtype=fp32 and export.shared_weights=false, or export.draft_head=same")
+        if self.layout not in LAYOUTS:
+            raise ExportError(f"export.layout={self.layout!r} does not exist; use one of {', '.join(LAYOUTS)}")
+        if self.layout == "single" and self.shared_weights:
+            raise ExportError("export.shared_weights stores the weights two programs share in shared.ptd; the single "
+                              "layout's one program stores them once by itself: set export.shared_weights=false")
         if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
             raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
 
@@ -170,7 +183,7 @@ def _int8_head(draft: Draft) -> None:
     from torchao.quantization.granularity import PerAxis
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
 
-    head = draft.lm_head
+    head = draft.lm_head = copy.deepcopy(draft.lm_head)  # the target's, borrowed: in one program with it (single)
     quantize_(draft, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
               filter_fn=lambda module, _: module is head and not _quantized(module))
 
@@ -216,42 +229,78 @@ def _edge_options(backend: str) -> dict:
     return {"compile_config": EdgeCompileConfig(_check_ir_validity=False)}
 
 
-def lower(model: torch.nn.Module, config: ExportConfig, max_block: int, metadata: dict):
+@contextmanager
+def _returning_taps(model: torch.nn.Module, taps: bool | None):
+    """A target exported for one of its methods: with the taps (`target`) or logits alone (`forward`)."""
+    if taps is None:  # a draft
+        yield
+        return
+    model.return_taps = taps
+    try:
+        yield
+    finally:
+        model.return_taps = True
+
+
+class _Within(torch.nn.Module):
+    """The draft beside the target in one program: its buffers become `draft.*`, since methods that
+    share mutable buffers (`share_mutable_buffers`) share every buffer of the same name, and the draft's
+    KV caches are named as the target's are."""
+
+    def __init__(self, draft: Draft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        return self.draft(tokens, hidden, input_pos)
+
+
+def methods(kind: str, target: Target | None, draft: Draft | None, config: ExportConfig) -> dict:
+    """The methods a program of `kind` holds: name -> (model, taps), taps as `_returning_taps` takes them.
+    The target's `forward` (logits alone) is for ExecuTorch's stock runners (`TextLLMRunner` takes the first
+    output to be logits and refuses more); `export.stock_forward=false` leaves it out, for half the target's
+    lowering time."""
+    out = {}
+    if kind in ("target", "single"):
+        out[TARGET_METHOD] = (target, True)
+        if config.stock_forward:
+            out[STOCK_METHOD] = (target, False)
+    if kind in ("draft", "single"):
+        out[DRAFT_METHOD] = (draft if kind == "draft" else _Within(draft), None)
+    return out
+
+
+def lower(programs: dict, config: ExportConfig, max_block: int, metadata: dict):
     """torch.export -> edge (with the backend's partitioner) -> ExecuTorch program manager, and op counts.
 
-    A target becomes two methods over one KV cache (`share_mutable_buffers`: the same buffers in both
-    are one tensor): `target`, which also returns the taps, for DFlash, and `forward`, logits alone, for
-    ExecuTorch's stock runners (`TextLLMRunner` takes the first output to be logits and refuses more).
-    Their weights are stored once, but each is lowered: `export.stock_forward=false` keeps `target` alone,
-    for half the lowering time. The op counts are the method a DFlash runner calls.
+    `programs` are the program's methods (`methods`). Methods of one program keep one copy of their mutable
+    buffers (`share_mutable_buffers`: the same name in both is one tensor, the target's KV cache in `target`
+    and `forward`) and of every weight (the emitter and the delegates store a tensor's bytes once), but each
+    is lowered on its own. The op counts are those of the first method, the one a DFlash runner calls most.
     """
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
-    args, dynamic = example_inputs(model, config, max_block)
     if config.shared_weights and config.quantize != "none":
         from torchao.utils import unwrap_tensor_subclass
 
         # quantized weights are tensor subclasses that lowering unwraps into new, untagged placeholders;
         # unwrapped first, their placeholders exist (and carry the tag) from export on
-        unwrap_tensor_subclass(model)
-    taps = {DRAFT_METHOD: None} if not isinstance(model, Target) else \
-        {TARGET_METHOD: True, STOCK_METHOD: False} if config.stock_forward else {TARGET_METHOD: True}
-    programs = {}
+        for model in {id(m): m for m, _ in programs.values()}.values():
+            unwrap_tensor_subclass(model)
+    exported = {}
     with torch.no_grad():
-        for name, with_taps in taps.items():
-            if with_taps is not None:
-                model.return_taps = with_taps
-            programs[name] = export(model, args, dynamic_shapes=dynamic, strict=False)
-    if isinstance(model, Target):
-        model.return_taps = True
+        for name, (model, taps) in programs.items():
+            args, dynamic = example_inputs(model.draft if isinstance(model, _Within) else model, config, max_block)
+            with _returning_taps(model, taps):
+                exported[name] = export(model, args, dynamic_shapes=dynamic, strict=False)
     if config.shared_weights:  # tag the weights the delegate will hold, so it keeps them outside the .pte
-        for node in (n for program in programs.values() for n in program.graph.nodes):
+        for node in (n for program in exported.values() for n in program.graph.nodes):
             if node.op == "placeholder" and _weight_tag(node):
                 node.meta.setdefault("custom", {})["delegate_constant_tag"] = WEIGHTS_TAG
-    edge = to_edge_transform_and_lower(programs, constant_methods=metadata, **_edge_options(config.backend))
-    info = get_delegation_info(edge.exported_program(next(iter(programs))).graph_module)
+    edge = to_edge_transform_and_lower(exported, constant_methods=metadata, **_edge_options(config.backend))
+    info = get_delegation_info(edge.exported_program(next(iter(exported))).graph_module)
     ops = {"delegated": info.num_delegated_nodes, "portable": info.num_non_delegated_nodes,
            "delegate_calls": info.num_delegated_subgraphs}
     backend_config = ExecutorchBackendConfig(external_constants=_weight_tag if config.shared_weights else False,
@@ -265,24 +314,29 @@ def _weight_tag(node: torch.fx.Node) -> str | None:
     return WEIGHTS_TAG if node.name.startswith(SHARED_PREFIXES) else None
 
 
-def metadata(kind: str, model: Target | Draft, config: ExportConfig, target_dir: Path, draft_dir: Path,
-             max_block: int, settings: DraftSettings) -> TargetMeta | DraftMeta:
-    """Everything a runner must know, inside the program itself (dflash_et.metadata).
+def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path, draft_dir: Path,
+             max_block: int, settings: DraftSettings) -> dict:
+    """Everything a runner must know, inside the program itself: the constant methods of the records of
+    the methods a program of `kind` holds (dflash_et.metadata).
 
-    Each program carries the fingerprint of the checkpoint it was made from; the draft also carries
-    its target's and the layers it reads, so a mismatched pair is caught when loading. A hybrid target
-    (only) says `recurrent_state` and `verify_rows`: its calls must go forward (start at 0, or within
-    the previous call), and one kept in part keeps at most its first `verify_rows` tokens, as every
-    decode loop does (models.deltanet).
+    Each carries the fingerprint of the checkpoint it was made from; the draft also carries its target's
+    and the layers it reads, so a mismatched pair is caught when loading. A hybrid target (only) says
+    `recurrent_state` and `verify_rows`: its calls must go forward (start at 0, or within the previous
+    call), and one kept in part keeps at most its first `verify_rows` tokens, as every decode loop does
+    (models.deltanet).
     """
-    common = {"max_context_len": config.max_seq_len, "vocab_size": model.args.vocab_size,
+    common = {"max_context_len": config.max_seq_len, "vocab_size": args.vocab_size,
               "target_layer_ids": tuple(settings.target_layer_ids), "uses_llama_custom_ops": config.backend != "mlx"}
-    if kind == "draft":
-        return DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
-                         checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir))
-    hybrid = {"recurrent_state": True, "verify_rows": max_block} if recurrent(model.args) else {}
-    return TargetMeta(**common, **recommended_sampling(target_dir), **hybrid, max_seq_len=max(config.prefill_chunk, max_block),
-                      eos_ids=tuple(eos_ids(target_dir)), bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir))
+    records = []
+    if kind != "draft":
+        hybrid = {"recurrent_state": True, "verify_rows": max_block} if recurrent(args) else {}
+        records.append(TargetMeta(**common, **recommended_sampling(target_dir), **hybrid,
+                                  max_seq_len=max(config.prefill_chunk, max_block), eos_ids=tuple(eos_ids(target_dir)),
+                                  bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir)))
+    if kind != "target":
+        records.append(DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
+                                 draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir)))
+    return merged(*records)
 
 
 def recurrent(args: ModelArgs) -> bool:
@@ -292,14 +346,24 @@ def recurrent(args: ModelArgs) -> bool:
 
 def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path,
                    memory_report: Path | None = None) -> dict:
-    """Write `<kind>.pte` and `export.json` (a summary) into `out_dir`; returns the summary.
+    """Write the program of `kind` (`PROGRAM_KINDS`; single: target.pte with the draft's method too) and
+    `export.json` (a summary) into `out_dir`; returns the summary. A kind the layout does not use writes
+    its summary alone, with no program (the export stages of both layouts are in one DVC graph).
 
     The weights are read in the export dtype, shard by shard, and quantized layer by layer as they
-    arrive; exporting the draft reads only the target's embedding and head. The process's peak
+    arrive; exporting the draft alone reads only the target's embedding and head. The process's peak
     resident memory (the figure to size a build host by) goes to `memory_report`, not export.json:
     it varies run to run, and package, validate and bench read export.json.
     """
     config.check()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if kind not in LAYOUTS[config.layout]:
+        summary = {"program": None, "config": asdict(config)}
+        write_json(out_dir / "export.json", summary)
+        if memory_report is not None:
+            write_json(memory_report, {})
+        print(f"[export] {kind}: not a program of export.layout={config.layout}", flush=True)
+        return summary
     t0 = time.perf_counter()
     settings = draft_settings(load_config(draft_dir))
     max_block = config.max_block_size or settings.block_size
@@ -313,29 +377,30 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     ring = max(config.prefill_chunk, max_block) if config.sliding_cache == "ring" and config.backend != "mlx" else None
     target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len, CACHE_OF_BACKEND[config.backend],
                                         DTYPES[config.dtype], partial(quantize, config=config), ring,
-                                        target_only=None if kind == "target" else BORROWED, verify_call=max_block)
-    model = target if kind == "target" else draft
-    quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
-    meta = metadata(kind, model, config, target_dir, draft_dir, max_block, settings).constant_methods()
+                                        target_only=BORROWED if kind == "draft" else None, verify_call=max_block)
+    models = {k: m for k, m in (("target", target), ("draft", draft)) if kind in (k, "single")}
+    for model in models.values():
+        quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
+    meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings)
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
-    program, ops = lower(model, config, max_block, meta)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pte = out_dir / f"{kind}.pte"
+    program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
+    pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     with open(pte, "wb") as f:
         program.write_to_file(f)
     if config.shared_weights:
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
     # no timings or memory in export.json: package, validate and bench depend on it, and must not rerun for them
-    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops, "linears": linear_weights(model, config),
-               "config": asdict(config), "metadata": meta}
-    (out_dir / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
-    memory = peak_memory(model)
+    summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops,
+               "linears": {k: linear_weights(m, config) for k, m in models.items()}, "config": asdict(config),
+               "metadata": meta}
+    write_json(out_dir / "export.json", summary)
+    memory = peak_memory(*models.values())
     if memory_report is not None:
         write_json(memory_report, memory)
-    print(f"[export] {kind}.pte {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} portable ops, "
-          f"peak RSS {memory['peak_rss_bytes'] / 2**30:.2f} GiB ({memory['peak_bytes_per_parameter']:.2f} bytes per "
-          f"parameter), {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"[export] {pte.name} {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} "
+          f"portable ops, peak RSS {memory['peak_rss_bytes'] / 2**30:.2f} GiB ({memory['peak_bytes_per_parameter']:.2f} "
+          f"bytes per parameter), {time.perf_counter() - t0:.0f} s", flush=True)
     return summary | {"memory": memory}
 
 
@@ -359,8 +424,9 @@ def linear_weights(model: torch.nn.Module, config: ExportConfig) -> dict:
     return {"parameters": sum(m.weight.numel() for m in linears), "bytes": round(sum(map(size, linears)))}
 
 
-def peak_memory(model: torch.nn.Module) -> dict:
-    """This process's peak resident memory so far, and per parameter of the exported model."""
+def peak_memory(*models: torch.nn.Module) -> dict:
+    """This process's peak resident memory so far, and per parameter of the exported models (a tensor they
+    share counted once)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = sum(p.numel() for p in {id(p): p for m in models for p in m.parameters()}.values())
     return {"peak_rss_bytes": peak, "parameters": parameters, "peak_bytes_per_parameter": round(peak / parameters, 3)}

@@ -48,17 +48,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
-    """Gather what a runner needs into `out`: `<kind>.pte`, `shared.ptd` (merged) when weights are
-    external, the target's tokenizer and chat template (ExecuTorch's LLM runners look for the
-    tokenizer beside the program; `dflash generate` reads it there), and export.json."""
+    """Gather what a runner needs into `out`: the programs the export stages built (target.pte and draft.pte,
+    or the single layout's target.pte), `shared.ptd` (merged) when weights are external, the target's
+    tokenizer and chat template (ExecuTorch's LLM runners look for the tokenizer beside the program;
+    `dflash generate` reads it there), and export.json. `build_dirs` are named by their kind
+    (lower.PROGRAM_KINDS); those of kinds the layout does not use hold a summary alone."""
     summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
     configs = {kind: s["config"] for kind, s in summaries.items()}
     if len({json.dumps({k: v for k, v in c.items() if k not in TARGET_ONLY + DRAFT_ONLY}, sort_keys=True)
             for c in configs.values()}) != 1:
         raise ExportError(f"the programs were exported with different settings {configs}; rerun both exports")
     config = configs["target"] | {k: configs["draft"][k] for k in DRAFT_ONLY if k in configs["draft"]}
-    for d in build_dirs:
-        _link_or_copy(d / f"{d.name}.pte", out / f"{d.name}.pte")
+    built = {d.name: d for d in build_dirs if summaries[d.name]["program"]}
+    for kind, d in built.items():
+        _link_or_copy(d / summaries[kind]["program"], out / summaries[kind]["program"])
     tokenizer = [f for f in TOKENIZER_FILES if (target_dir / f).is_file()]
     if not tokenizer:
         raise ExportError(f"{target_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); fetch the target again")
@@ -66,8 +69,8 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
         shutil.copy2(target_dir / f, out / f)
     shared = None
     if config["shared_weights"]:
-        shared = merge_weights([d / f"{d.name}.ptd" for d in build_dirs], out / "shared.ptd")
-    summary = {"config": config, "programs": summaries, "shared_weights": shared,
+        shared = merge_weights([d / f"{kind}.ptd" for kind, d in built.items()], out / "shared.ptd")
+    summary = {"config": config, "programs": {kind: summaries[kind] for kind in built}, "shared_weights": shared,
                "tokenizer": tokenizer}
     (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -180,8 +180,9 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     if skipped:
         return {"skipped": skipped, "failures": []}
     programs = load_programs(programs_dir)
-    for program, ckpt in zip(programs, (target_dir, draft_dir)):
-        if program.meta.checkpoint_id != checkpoint_id(ckpt):
+    made_from = programs[0].meta.checkpoint_id, programs[1].meta.draft_checkpoint_id
+    for program, ckpt, made in zip(programs, (target_dir, draft_dir), made_from):
+        if made != checkpoint_id(ckpt):
             raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
                                "programs (dvc repro) or point validate at the matching weights")
     export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])

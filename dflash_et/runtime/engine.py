@@ -48,7 +48,7 @@ class Engine:
         self.max_seq_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
         self.mask_token_id, self.max_block_size = d.mask_token_id, d.max_block_len
         # which programs these are, for a cost curve measured on them
-        self.identity = ":".join(str(x) for x in (t.checkpoint_id, d.checkpoint_id, self.max_seq_len,
+        self.identity = ":".join(str(x) for x in (t.checkpoint_id, d.draft_checkpoint_id, self.max_seq_len,
                                                   self.max_block_size, self.target.path.stat().st_size,
                                                   self.draft.path.stat().st_size))
         self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None

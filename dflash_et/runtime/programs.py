@@ -43,30 +43,15 @@ def missing_backend(programs_dir: Path) -> str | None:
 
 class Program:
     """One `.pte` (with its `.ptd` when the weights live outside it), the method a DFlash runner calls and
-    the program's metadata record."""
+    the program's metadata record. `program`: that file already loaded, for a second method of it (the
+    single layout's draft), whose weights and shared buffers then stay one copy."""
 
     METHOD: str
     META: type[Metadata]
 
-    def __init__(self, pte: Path, ptd: Path | None = None):
-        # The programs call llama::update_cache / llama::custom_sdpa: their kernels must be
-        # registered before `load_method`, or loading fails with "Missing operator".
-        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
-        from executorch.runtime import Runtime
-
-        if not pte.is_file():
-            raise ProgramError(f"{pte} does not exist; run `dvc repro` (or `dvc pull`) to build the programs")
-        if ptd is not None and not ptd.is_file():
-            raise ProgramError(f"{ptd} does not exist; {pte.name} keeps its weights there (export.shared_weights)")
-        why = missing_backend(pte.parent)
-        if why:
-            raise ProgramError(f"{pte}: {why}")
+    def __init__(self, pte: Path, ptd: Path | None = None, program=None):
         self.path = pte
-        try:
-            self.program = Runtime.get().load_program(pte, data_path=ptd)
-        except RuntimeError as e:
-            raise ProgramError(f"{pte} is not a readable ExecuTorch program ({e}): truncated or corrupt; rebuild "
-                               "it (dvc repro) or pull it again (dvc pull)") from None
+        self.program = program or _load(pte, ptd)
         if self.METHOD not in self.program.method_names:
             raise ProgramError(f"{pte} has no {self.METHOD!r} method (it has {', '.join(sorted(self.program.method_names))}): "
                                "it was exported by another tool or an older dflash-et; re-export it (dvc repro)")
@@ -115,13 +100,40 @@ class DraftProgram(Program):
 
 
 def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
-    """target.pte and draft.pte from `programs_dir` (with shared.ptd when present), checked to be a pair."""
+    """The target and the draft from `programs_dir`: target.pte and draft.pte (with shared.ptd when present), or
+    target.pte alone holding both (export.layout single), checked to be a pair."""
     ptd = programs_dir / "shared.ptd"
     ptd = ptd if ptd.exists() else None
     target = TargetProgram(programs_dir / "target.pte", ptd)
-    draft = DraftProgram(programs_dir / "draft.pte", ptd)
+    if (programs_dir / "draft.pte").exists():
+        draft = DraftProgram(programs_dir / "draft.pte", ptd)
+    elif DRAFT_METHOD in target.program.method_names:
+        draft = DraftProgram(target.path, program=target.program)
+    else:
+        raise ProgramError(f"{programs_dir} has no draft.pte, and its target.pte no {DRAFT_METHOD!r} method "
+                           "(export.layout single puts the draft there); run `dvc repro` (or `dvc pull`)")
     if (draft.meta.target_checkpoint_id != target.meta.checkpoint_id
             or draft.meta.target_layer_ids != target.meta.target_layer_ids):
         raise ProgramError(f"{draft.path} was exported for another target than {target.path}; "
                            "export both from the same pair")
     return target, draft
+
+
+def _load(pte: Path, ptd: Path | None):
+    """The program in `pte` (its weights in `ptd`), loaded by executorch.runtime with the llama:: kernels it
+    calls registered (before `load_method`, or loading fails with "Missing operator")."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    if not pte.is_file():
+        raise ProgramError(f"{pte} does not exist; run `dvc repro` (or `dvc pull`) to build the programs")
+    if ptd is not None and not ptd.is_file():
+        raise ProgramError(f"{ptd} does not exist; {pte.name} keeps its weights there (export.shared_weights)")
+    why = missing_backend(pte.parent)
+    if why:
+        raise ProgramError(f"{pte}: {why}")
+    try:
+        return Runtime.get().load_program(pte, data_path=ptd)
+    except RuntimeError as e:
+        raise ProgramError(f"{pte} is not a readable ExecuTorch program ({e}): truncated or corrupt; rebuild "
+                           "it (dvc repro) or pull it again (dvc pull)") from None

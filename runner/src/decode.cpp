@@ -31,7 +31,14 @@ Pair::Pair(const std::string& dir) {
   const std::string ptd = dir + "/shared.ptd";
   if (is_file(ptd)) weights_ = std::make_unique<SharedWeights>(ptd);
   target_ = std::make_unique<Pte>(dir + "/target.pte", meta::kTargetMethod, weights_.get());
-  draft_ = std::make_unique<Pte>(dir + "/draft.pte", meta::kDraftMethod, weights_.get());
+  if (is_file(dir + "/draft.pte")) {
+    draft_ = std::make_unique<Pte>(dir + "/draft.pte", meta::kDraftMethod, weights_.get());
+  } else if (target_->has(meta::kDraftMethod)) {  // export.layout single
+    draft_ = std::make_unique<Pte>(*target_, meta::kDraftMethod, weights_.get());
+  } else {
+    throw UserError(dir + " has no draft.pte, and its target.pte no '" + meta::kDraftMethod +
+                    "' method (export.layout single puts the draft there); run `dvc repro` (or `dvc pull`)");
+  }
   if (draft_->integer(meta::kTargetCheckpointId) != target_->integer(meta::kCheckpointId) ||
       draft_->integers(meta::kTargetLayerIds) != target_->integers(meta::kTargetLayerIds)) {
     throw UserError(draft_->path() + " was exported for another target than " + target_->path() +

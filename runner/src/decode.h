@@ -32,7 +32,7 @@ struct Generation {
   std::vector<Round> rounds;
 };
 
-// target.pte and draft.pte, checked to be a pair, with the limits they carry.
+// target.pte and draft.pte (or target.pte alone, holding both), checked to be a pair, with the limits they carry.
 class Pair {
  public:
   Pair(const std::string& programs_dir);

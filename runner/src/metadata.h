@@ -5,7 +5,7 @@
 namespace dflash::metadata {
 
 inline constexpr const char* kTargetMethod = "target";  // target.pte: logits and taps (`forward`: logits alone)
-inline constexpr const char* kDraftMethod = "forward";  // draft.pte
+inline constexpr const char* kDraftMethod = "draft";    // draft.pte, or target.pte itself (export.layout single)
 
 inline constexpr const char* kMaxSeqLen = "get_max_seq_len";          // most tokens one target call takes
 inline constexpr const char* kMaxContextLen = "get_max_context_len";  // the KV cache's length

@@ -13,13 +13,13 @@ using executorch::runtime::EValue;
 
 std::string name_of(Error e) { return executorch::runtime::to_string(e); }
 
-std::unique_ptr<MmapDataLoader> open(const std::string& path, const std::string& missing_hint) {
+std::shared_ptr<MmapDataLoader> open(const std::string& path, const std::string& missing_hint) {
   if (!is_file(path)) throw UserError(path + " does not exist; " + missing_hint);
   auto loader = MmapDataLoader::from(path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
   if (!loader.ok()) {
     throw UserError(path + " cannot be read (" + name_of(loader.error()) + "); check its permissions");
   }
-  return std::make_unique<MmapDataLoader>(std::move(loader.get()));
+  return std::make_shared<MmapDataLoader>(std::move(loader.get()));
 }
 
 }  // namespace
@@ -46,18 +46,28 @@ Pte::Pte(const std::string& path, const char* method_name, const SharedWeights* 
     throw UserError(path + " is not a readable ExecuTorch program (" + name_of(program.error()) +
                     "): truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)");
   }
-  program_ = std::make_unique<executorch::runtime::Program>(std::move(program.get()));
+  program_ = std::make_shared<executorch::runtime::Program>(std::move(program.get()));
+  load_method(method_name, weights, nullptr);
+}
+
+Pte::Pte(const Pte& sibling, const char* method_name, const SharedWeights* weights)
+    : path_(sibling.path_), loader_(sibling.loader_), program_(sibling.program_) {
+  load_method(method_name, weights, sibling.arena_.buffers.empty() ? nullptr : sibling.arena_.buffers.back());
+}
+
+void Pte::load_method(const char* method_name, const SharedWeights* weights,
+                      std::shared_ptr<std::vector<uint8_t>> state) {
   if (!program_->method_meta(method_name).ok()) {
-    throw UserError(path + " has no " + method_name + " method: it was exported by another tool or an older "
+    throw UserError(path_ + " has no " + method_name + " method: it was exported by another tool or an older "
                     "dflash-et; re-export it (dvc repro)");
   }
-  auto method = load(method_name, arena_, weights);
+  auto method = load(method_name, arena_, weights, std::move(state));
   if (!method.ok()) {
     std::string why = name_of(method.error());
     if (method.error() == Error::OperatorMissing) {
-      throw UserError(path + " calls an operator dflash_runner lacks (" + why + ", named in the log line above)");
+      throw UserError(path_ + " calls an operator dflash_runner lacks (" + why + ", named in the log line above)");
     }
-    throw UserError(path + " cannot be loaded (" + why + ")" +
+    throw UserError(path_ + " cannot be loaded (" + why + ")" +
                     (weights ? std::string("; is shared.ptd from the same export?")
                              : std::string("; if it keeps its weights in a .ptd (export.shared_weights), "
                                            "shared.ptd must be beside it")));
@@ -66,12 +76,16 @@ Pte::Pte(const std::string& path, const char* method_name, const SharedWeights* 
 }
 
 executorch::runtime::Result<executorch::runtime::Method> Pte::load(const char* name, Arena& arena,
-                                                                    const SharedWeights* weights) const {
+                                                                    const SharedWeights* weights,
+                                                                    std::shared_ptr<std::vector<uint8_t>> state) const {
   auto meta = program_->method_meta(name);
   if (!meta.ok()) return meta.error();
-  for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
-    arena.buffers.emplace_back(meta->memory_planned_buffer_size(i).get());
-    arena.spans.emplace_back(arena.buffers.back().data(), arena.buffers.back().size());
+  const size_t n = meta->num_memory_planned_buffers();
+  for (size_t i = 0; i < n; ++i) {
+    const size_t size = meta->memory_planned_buffer_size(i).get();
+    const bool shared = state && i == n - 1 && n > 1 && state->size() == size;  // the one state arena
+    arena.buffers.push_back(shared ? state : std::make_shared<std::vector<uint8_t>>(size));
+    arena.spans.emplace_back(arena.buffers.back()->data(), arena.buffers.back()->size());
   }
   arena.planned = std::make_unique<executorch::runtime::HierarchicalAllocator>(
       executorch::runtime::Span<executorch::runtime::Span<uint8_t>>(arena.spans.data(), arena.spans.size()));

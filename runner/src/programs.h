@@ -1,4 +1,5 @@
-// Loading target.pte and draft.pte (and shared.ptd, once, for both) and calling their `forward`.
+// Loading the programs (target.pte and draft.pte, or target.pte alone holding both; shared.ptd, once, for
+// both) and calling their methods.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +29,7 @@ class SharedWeights {
   const executorch::runtime::NamedDataMap* map() const { return &*map_; }
 
  private:
-  std::unique_ptr<executorch::extension::MmapDataLoader> loader_;  // outlives map_
+  std::shared_ptr<executorch::extension::MmapDataLoader> loader_;  // outlives map_
   std::unique_ptr<executorch::extension::FlatTensorDataMap> map_;
 };
 
@@ -36,6 +37,10 @@ class SharedWeights {
 class Pte {
  public:
   Pte(const std::string& path, const char* method_name, const SharedWeights* weights);
+  // Another method of `sibling`'s program (export.layout single): the file is mapped once, and the methods'
+  // shared-state arena (MemoryPlanningPass(share_mutable_buffers) plans it last in every method, each state
+  // buffer at its own offset) is one allocation, as in ExecuTorch's own runtimes.
+  Pte(const Pte& sibling, const char* method_name, const SharedWeights* weights);
   Pte(const Pte&) = delete;
   Pte& operator=(const Pte&) = delete;
 
@@ -55,19 +60,22 @@ class Pte {
   // persist from one call to the next).
   struct Arena {
     executorch::extension::MallocMemoryAllocator method_allocator, temp_allocator;
-    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> buffers;
     std::vector<executorch::runtime::Span<uint8_t>> spans;
     std::unique_ptr<executorch::runtime::HierarchicalAllocator> planned;
     std::unique_ptr<executorch::runtime::MemoryManager> memory;
   };
 
  private:
-  executorch::runtime::Result<executorch::runtime::Method> load(const char* method, Arena& arena,
-                                                                const SharedWeights* weights) const;
+  // `state`: the shared-state arena of another method of this program, to use instead of a new one.
+  executorch::runtime::Result<executorch::runtime::Method> load(
+      const char* method, Arena& arena, const SharedWeights* weights,
+      std::shared_ptr<std::vector<uint8_t>> state = nullptr) const;
+  void load_method(const char* method_name, const SharedWeights* weights, std::shared_ptr<std::vector<uint8_t>> state);
 
   std::string path_;
-  std::unique_ptr<executorch::extension::MmapDataLoader> loader_;
-  std::unique_ptr<executorch::runtime::Program> program_;
+  std::shared_ptr<executorch::extension::MmapDataLoader> loader_;  // outlives program_
+  std::shared_ptr<executorch::runtime::Program> program_;
   Arena arena_;
   std::unique_ptr<executorch::runtime::Method> method_;
 };

@@ -1,11 +1,12 @@
 """Gathering the exported programs into what ships: both .pte files, one shared weights file, the
-tokenizer, and a summary."""
+tokenizer with its chat format, and a summary."""
 
 import json
 import os
 import shutil
 from pathlib import Path
 
+from dflash_et.data.prompts import chat_format, tokenizer as load_tokenizer
 from dflash_et.errors import ExportError
 
 # export settings only one program reads (dvc.yaml: the other's export stage does not rerun for them)
@@ -50,7 +51,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
     """Gather what a runner needs into `out`: `<kind>.pte`, `shared.ptd` (merged) when weights are
     external, the target's tokenizer and chat template (ExecuTorch's LLM runners look for the
-    tokenizer beside the program; `dflash generate` reads it there), and export.json."""
+    tokenizer beside the program; `dflash generate` reads it there), the template's rendering of one user
+    turn as ChatFormat.FILE (for dflash_runner --prompt; none where the template is not a fixed prefix and
+    suffix around the message), and export.json."""
     summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
     configs = {kind: s["config"] for kind, s in summaries.items()}
     if len({json.dumps({k: v for k, v in c.items() if k not in TARGET_ONLY + DRAFT_ONLY}, sort_keys=True)
@@ -64,11 +67,14 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
         raise ExportError(f"{target_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); fetch the target again")
     for f in tokenizer:
         shutil.copy2(target_dir / f, out / f)
+    formatted = chat_format(load_tokenizer(target_dir))
+    if formatted:
+        formatted.write(out)
     shared = None
     if config["shared_weights"]:
         shared = merge_weights([d / f"{d.name}.ptd" for d in build_dirs], out / "shared.ptd")
     summary = {"config": config, "programs": summaries, "shared_weights": shared,
-               "tokenizer": tokenizer}
+               "tokenizer": tokenizer, "chat_format": formatted is not None}
     (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

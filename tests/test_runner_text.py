@@ -194,3 +194,26 @@ def test_a_failed_tokenizers_download_says_where_to_put_the_file(tmp_path, monke
                                         rf"\.tar\.gz\) from PyPI failed: no route to host; check the connection to "
                                         rf"pypi.org, or place the file in {tmp_path}/pytorch-tokenizers-1.0.1$"):
         cpp_runner.tokenizers_source(tmp_path)
+
+
+def test_streamed_text_waits_for_whole_characters(pair, capsys):
+    """`dflash generate` prints what the reply decodes to even when a round ends inside a character (the Python
+    engine streams each round's tokens; byte-level BPE splits emoji into several tokens)."""
+    from argparse import Namespace
+
+    from dflash_et.runtime.generate import Generation, Round
+    from dflash_et.runtime.sampling import Sampler, Sampling
+
+    tok = tokenizer(pair[0])
+    tokens = tok.encode("ok 😀👍🏽 done", add_special_tokens=False)
+    assert any("\ufffd" in tok.decode(tokens[:i]) for i in range(len(tokens)))  # the tokens split a character
+
+    class OneTokenARound:
+        def dflash(self, prompt, max_new_tokens, block_size, on_tokens, sampler):
+            for t in tokens:
+                on_tokens([t])
+            return Generation(tokens, 0.0, [Round(0, 0, 1, 0.0, 0.0, 0.0)])
+
+    args = Namespace(json=False, ar=False, max_new_tokens=len(tokens), block_size=8)
+    cli.complete(args, OneTokenARound(), Sampler(Sampling()), tok, [1])
+    assert capsys.readouterr().out == "ok 😀👍🏽 done\n"

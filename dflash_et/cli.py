@@ -120,8 +120,9 @@ def complete(args: argparse.Namespace, engine: Engine | CppEngine, sampler: Samp
     def stream(new: list[int]) -> None:
         nonlocal shown
         emitted.extend(new)
-        text = tok.decode(emitted, skip_special_tokens=True)
-        if text.startswith(shown):  # a partial UTF-8 character can decode differently until complete
+        # a character the tokens so far leave unfinished decodes as U+FFFD: it waits for the rest of its bytes
+        text = tok.decode(emitted, skip_special_tokens=True).rstrip("\ufffd")
+        if text.startswith(shown):
             sys.stdout.write(text[len(shown):])
             sys.stdout.flush()
             shown = text

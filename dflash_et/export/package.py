@@ -1,11 +1,12 @@
 """Gathering the exported programs into what ships: both .pte files, one shared weights file, the
-tokenizer, and a summary."""
+tokenizer with its chat format, and a summary."""
 
 import json
 import os
 import shutil
 from pathlib import Path
 
+from dflash_et.data.prompts import chat_format, tokenizer as load_tokenizer
 from dflash_et.errors import ExportError
 
 # export settings only one program reads (dvc.yaml: the other's export stage does not rerun for them)
@@ -51,8 +52,10 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
     """Gather what a runner needs into `out`: the programs the export stages built (target.pte and draft.pte,
     or the single layout's target.pte), `shared.ptd` (merged) when weights are external, the target's
     tokenizer and chat template (ExecuTorch's LLM runners look for the tokenizer beside the program;
-    `dflash generate` reads it there), and export.json. `build_dirs` are named by their kind
-    (lower.PROGRAM_KINDS); those of kinds the layout does not use hold a summary alone."""
+    `dflash generate` reads it there), the template's rendering of one user turn as ChatFormat.FILE (for
+    dflash_runner --prompt; none where the template is not a fixed prefix and suffix around the message),
+    and export.json. `build_dirs` are named by their kind (lower.PROGRAM_KINDS); those of kinds the layout
+    does not use hold a summary alone."""
     summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
     configs = {kind: s["config"] for kind, s in summaries.items()}
     if len({json.dumps({k: v for k, v in c.items() if k not in TARGET_ONLY + DRAFT_ONLY}, sort_keys=True)
@@ -67,11 +70,14 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
         raise ExportError(f"{target_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); fetch the target again")
     for f in tokenizer:
         shutil.copy2(target_dir / f, out / f)
+    formatted = chat_format(load_tokenizer(target_dir))
+    if formatted:
+        formatted.write(out)
     shared = None
     if config["shared_weights"]:
         shared = merge_weights([d / f"{kind}.ptd" for kind, d in built.items()], out / "shared.ptd")
     summary = {"config": config, "programs": {kind: summaries[kind] for kind in built}, "shared_weights": shared,
-               "tokenizer": tokenizer}
+               "tokenizer": tokenizer, "chat_format": formatted is not None}
     (out / "export.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

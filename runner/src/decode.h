@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,6 +33,9 @@ struct Generation {
   std::vector<Round> rounds;
 };
 
+// Called with each step's new tokens as they are accepted (the first from the prompt's logits, then each round's).
+using OnTokens = std::function<void(const std::vector<int64_t>&)>;
+
 // target.pte and draft.pte (or target.pte alone, holding both), checked to be a pair, with the limits they carry.
 class Pair {
  public:
@@ -41,9 +45,11 @@ class Pair {
   std::optional<Sampling> recommended() const;
 
   // Plain decoding: one target call per token.
-  Generation ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler);
+  Generation ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler,
+                const OnTokens& on_tokens = nullptr);
   // DFlash with blocks of `block` (last token + proposals), clamped at the ends as the Python engine does.
-  Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler);
+  Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
+                    const OnTokens& on_tokens = nullptr);
 
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;

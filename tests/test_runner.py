@@ -2,6 +2,8 @@
 engine's, its errors. It is built once per test run, as `make runner` builds it (conftest's `runner`)."""
 
 import json
+import math
+import random
 import shutil
 from collections import Counter
 from dataclasses import replace
@@ -15,7 +17,9 @@ import torch
 from dflash_et import cli
 from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels
+from dflash_et.runtime.adaptive import AdaptivePlanner, CostCurve
+from dflash_et.runtime.adaptive import confidence as adaptive_confidence
+from dflash_et.runtime.cpp_runner import CppEngine, CppPlanner, LlamaKernels
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -198,6 +202,88 @@ def test_cli_runner_cpp(programs, runner, capsys):
     assert sampled["tokens"] == again["tokens"] != other["tokens"] and (sampled["seed"], other["seed"]) == (3, 4)
     with pytest.raises(SystemExit, match=r"the C\+\+ runner runs fixed blocks"):
         cli.main(argv + ["--runner", "cpp", "--block-size", "auto"])
+
+
+# ------------------------------------------------------------------------------------------ auto's planner
+
+PLAN_VOCAB = 64
+
+
+def scripted_curve() -> CostCurve:
+    """A cost curve that bends (target calls dearer past 6 tokens, and with the position), with a confidence
+    read dear enough that choosing k does not always pay for it."""
+    rows = [[1.0 + 0.05 * t + 0.3 * max(0, t - 6) + 0.001 * p for t in range(16)] for p in (0, 300, 700)]
+    drafts = [[0.4 + 0.03 * b + 0.0005 * p for b in range(15)] for p in (0, 300, 700)]
+    return CostCurve([40, 300, 700], rows, drafts, programs="scripted", confidence_ms=0.35)
+
+
+def draft_logits(rng: random.Random, rows: int, sure: bool) -> torch.Tensor:
+    """Rows whose top token has a confidence 0.03 or more from any bin edge of `Calibration` (tenths), so that
+    float32 softmaxes summed in another order bin them alike; `sure`: 0.4 or more."""
+    out = torch.zeros(rows, PLAN_VOCAB)
+    for i in range(rows):
+        c = (rng.randrange(4 * sure, 10) + 0.5) / 10 + rng.uniform(-0.02, 0.02)
+        out[i, rng.randrange(PLAN_VOCAB)] = math.log(c * (PLAN_VOCAB - 1) / (1 - c))
+    return out
+
+
+def test_the_runners_planner_makes_adaptive_pys_choices(runner, tmp_path):
+    """Both planners get the same rounds (generations that open, run and end; stretches where the draft is right
+    as sure as it is, and where it is wrong: plain steps and probes), the same draft logits and wall times: every
+    block and every verify count must agree."""
+    curve, path = scripted_curve(), tmp_path / "curve.json"
+    path.write_text(json.dumps(curve.to_dict()))
+    python, cpp = AdaptivePlanner(curve, 16), CppPlanner(path, "scripted", 16, runner.parent / "libdflash_planner.so")
+    rng = random.Random(0)
+    seen = Counter()
+    rounds = 0
+    while rounds < 1500:
+        pos, max_new = rng.randrange(8, 1000), rng.randrange(4, 90)  # some run into the cache's end (1024)
+        wrong = rng.random() < 0.3  # a draft wrong throughout this generation (another kind of text)
+        emitted = 1
+        while True:
+            room = min(16, max_new - emitted, 1024 - pos)
+            if room < 1:
+                break
+            rounds += 1
+            b = python.block(pos, room)
+            assert cpp.block(pos, room) == b, f"round {rounds}: block"
+            kind = "opening" if python._opening else "probe" if python._probing else "drafted"
+            seen["plain" if b == 1 else kind] += 1
+            k, accepted = 0, 0
+            if b > 1:
+                logits = draft_logits(rng, b - 1, sure=not wrong)
+                k = python.verify_count(logits, pos)
+                assert cpp.verify_count(logits, pos) == k, f"round {rounds}: verify count"
+                seen["confidence unread"] += not python._confidence
+                seen["fewer verified"] += k < b - 1
+                confidence = adaptive_confidence(logits)
+                while accepted < k and rng.random() < (0.05 if wrong else confidence[accepted]):
+                    accepted += 1
+            seconds = (curve.target(k + 1, pos) + (b > 1) * curve.draft(max(b, 2), pos) + rng.uniform(0.2, 1.0)) / 1000
+            python.observe(k, accepted, seconds)
+            cpp.observe(k, accepted, seconds)
+            pos += accepted + 1
+            emitted += accepted + 1
+            if rng.random() < 0.04:  # end of text
+                break
+    assert min(seen.values()) >= 20 and len(seen) == 6, seen  # every kind of round, many times
+
+
+def test_the_runners_planner_refuses_curves_as_adaptive_py_does(runner, tmp_path):
+    library = runner.parent / "libdflash_planner.so"
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(scripted_curve().to_dict()))
+    with pytest.raises(UserError) as theirs:
+        CostCurve.load(path, "other programs")
+    with pytest.raises(UserError) as ours:
+        CppPlanner(path, "other programs", 16, library)
+    assert str(ours.value) == str(theirs.value)
+    for text in ("{", '{"positions": [1], "target_ms": [[1, 2]]}', '{"positions": [1], "target_ms": [[1, 2]], '
+                 '"draft_ms": [[1]], "colour": 3}'):
+        path.write_text(text)
+        with pytest.raises(UserError, match=rf"^{path} is not a cost curve \(.+\); the bench stage writes one"):
+            CppPlanner(path, "", 16, library)
 
 
 def test_runner_samples_the_targets_distribution(programs, runner, prompts):

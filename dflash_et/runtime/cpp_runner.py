@@ -191,5 +191,42 @@ class LlamaKernels:
         return out, final_state
 
 
+class CppPlanner:
+    """The runner's auto planner (libdflash_planner.so, built beside it) behind `AdaptivePlanner`'s hooks, so
+    that a test can give both the same rounds and compare their choices."""
+
+    def __init__(self, curve: Path, programs: str, max_block: int, library: Path = BUILD / "libdflash_planner.so"):
+        """Over the cost curve file `curve`, checked to be of `programs` as the runner checks it."""
+        self.lib = ctypes.CDLL(str(library))
+        self.lib.dflash_planner_new.restype = ctypes.c_void_p
+        self.lib.dflash_planner_new.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p,
+                                                ctypes.c_size_t]
+        self.lib.dflash_planner_block.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self.lib.dflash_planner_block.restype = ctypes.c_int64
+        self.lib.dflash_planner_verify_count.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                                         ctypes.c_int64, ctypes.c_int64]
+        self.lib.dflash_planner_verify_count.restype = ctypes.c_int64
+        self.lib.dflash_planner_observe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double]
+        self.lib.dflash_planner_free.argtypes = [ctypes.c_void_p]
+        error = ctypes.create_string_buffer(1024)
+        self._planner = self.lib.dflash_planner_new(str(curve).encode(), programs.encode(), max_block, error,
+                                                    len(error))
+        if not self._planner:
+            raise UserError(error.value.decode())
+
+    def block(self, pos: int, room: int) -> int:
+        return self.lib.dflash_planner_block(self._planner, pos, room)
+
+    def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
+        logits = draft_logits.float().contiguous()
+        return self.lib.dflash_planner_verify_count(self._planner, logits.data_ptr(), *logits.shape, pos)
+
+    def observe(self, verified: int, accepted: int, seconds: float) -> None:
+        self.lib.dflash_planner_observe(self._planner, verified, accepted, seconds)
+
+    def __del__(self) -> None:
+        self.lib.dflash_planner_free(self._planner)
+
+
 if __name__ == "__main__":  # `make runner`
     print(build_runner())

@@ -180,8 +180,6 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
             cpp.dflash((prompts[0] * 10)[:MAX_SEQ_LEN + 2], 8)
         with pytest.raises(UserError, match=f"block size 40 is outside 2..{python.max_block_size}"):
             cpp.dflash(prompts[0], 8, 40)
-        with pytest.raises(UserError, match=r"the C\+\+ runner runs fixed blocks"):
-            cpp.dflash(prompts[0], 8, "auto")
         with pytest.raises(UserError, match="bad request 'dflash x'; send 'ar MAX_NEW IDS'"):
             cpp._request("dflash x", None)
         with pytest.raises(UserError, match="unknown sampling setting warmth"):
@@ -200,8 +198,8 @@ def test_cli_runner_cpp(programs, runner, capsys):
     cpp, python, cpp6, sampled, other, again = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert cpp["tokens"] == python["tokens"] == cpp6["tokens"] and cpp["text"] == python["text"]
     assert sampled["tokens"] == again["tokens"] != other["tokens"] and (sampled["seed"], other["seed"]) == (3, 4)
-    with pytest.raises(SystemExit, match=r"the C\+\+ runner runs fixed blocks"):
-        cli.main(argv + ["--runner", "cpp", "--block-size", "auto"])
+    with pytest.raises(SystemExit, match=r"error: .*target\.pte is not a cost curve \(expected"):
+        cli.main(argv + ["--runner", "cpp", "--cost-curve", str(programs / "target.pte")])
 
 
 # ------------------------------------------------------------------------------------------ auto's planner
@@ -284,6 +282,31 @@ def test_the_runners_planner_refuses_curves_as_adaptive_py_does(runner, tmp_path
         path.write_text(text)
         with pytest.raises(UserError, match=rf"^{path} is not a cost curve \(.+\); the bench stage writes one"):
             CppPlanner(path, "", 16, library)
+
+
+def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prompts, tmp_path):
+    """Greedy auto emits plain decoding's tokens; the curve it measures is of these programs (Engine.identity),
+    and a file of it is taken back exactly, one of other programs refused in one line."""
+    python = Engine(programs)
+    theirs = [python.ar(ids, 40).tokens for ids in prompts]
+    with CppEngine(programs, runner, threads=1) as cpp:
+        curve = cpp.cost_curve(repeats=1)
+        assert curve.programs == python.identity and curve.max_block == cpp.max_block_size
+        ours = [cpp.dflash(ids, 40, "auto") for ids in prompts]
+        sampled = [cpp.dflash(prompts[0], 12, block, sampler=Sampler(Sampling(0.8, seed=1)))
+                   for block in ("auto", cpp.max_block_size)]
+    assert [g.tokens for g in ours] == theirs
+    assert any(r.proposed < r.drafted for g in ours for r in g.rounds)  # auto chose: not every proposal verified
+    assert sampled[0].tokens == sampled[1].tokens  # sampled, auto keeps the largest block
+    assert [(r.drafted, r.proposed) for r in sampled[0].rounds] == [(r.drafted, r.proposed) for r in sampled[1].rounds]
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(curve.to_dict()))
+    with CppEngine(programs, runner, threads=1, cost_curve=path) as cpp:
+        assert cpp.cost_curve() == curve
+        assert cpp.dflash(prompts[1], 40, "auto").tokens == theirs[1]
+    path.write_text(json.dumps(replace(curve, programs="0:0").to_dict()))
+    with pytest.raises(ProgramError, match=rf"^{path} was measured on other programs than these; rerun the bench"):
+        CppEngine(programs, runner, cost_curve=path)
 
 
 def test_runner_samples_the_targets_distribution(programs, runner, prompts):
@@ -384,16 +407,16 @@ def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path
 def test_bench_with_the_cpp_runner(programs, runner):
     from dflash_et.reports.bench import BenchConfig, run_bench
 
-    config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, block_sizes=(4, 8), runner="cpp")
+    config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, latency_repeats=1, block_sizes=(4, 8),
+                         runner="cpp")
     metrics, plots, curve = run_bench(programs, 4, config)
     assert metrics["runner"] == "cpp" and metrics["lossless"] and metrics["tau"] > 1
     assert set(metrics["speedup_by_block"]) == {"4", "8"} and metrics["host_ms_per_round"] > 0
-    assert curve is None and "speedup_auto" not in metrics and plots["cost_curve"] == []  # auto is Python's
-    with pytest.raises(ValueError, match="bench.runner cpp runs fixed blocks"):
-        run_bench(programs, "auto", BenchConfig(runner="cpp"))
+    assert metrics["speedup_auto"] > 0 and curve.programs == Engine(programs).identity  # the runner's curve
+    assert len(plots["cost_curve"]) == curve.max_block
     with pytest.raises(ValueError, match="bench.runner must be one of python, cpp, got 'java'"):
         run_bench(programs, 4, BenchConfig(runner="java"))
-    with pytest.raises(ValueError, match=r"block_size 99 is outside 2\.\.\d+, .*; use at most \d+$"):  # no auto here
+    with pytest.raises(ValueError, match=r"block_size 99 is outside 2\.\.\d+, .*; use block_size auto, or at most"):
         run_bench(programs, 99, BenchConfig(runner="cpp"))
 
 

@@ -228,7 +228,7 @@ def draft_logits(rng: random.Random, rows: int, sure: bool) -> torch.Tensor:
 def test_the_runners_planner_makes_adaptive_pys_choices(runner, tmp_path):
     """Both planners get the same rounds (generations that open, run and end; stretches where the draft is right
     as sure as it is, and where it is wrong: plain steps and probes), the same draft logits and wall times: every
-    block and every verify count must agree."""
+    block and every verify count must agree, and what they learn, to the last digit."""
     curve, path = scripted_curve(), tmp_path / "curve.json"
     path.write_text(json.dumps(curve.to_dict()))
     python, cpp = AdaptivePlanner(curve, 16), CppPlanner(path, "scripted", 16, runner.parent / "libdflash_planner.so")
@@ -261,6 +261,7 @@ def test_the_runners_planner_makes_adaptive_pys_choices(runner, tmp_path):
             seconds = (curve.target(k + 1, pos) + (b > 1) * curve.draft(max(b, 2), pos) + rng.uniform(0.2, 1.0)) / 1000
             python.observe(k, accepted, seconds)
             cpp.observe(k, accepted, seconds)
+            assert cpp.learned() == (python.saving, python.per_call), f"round {rounds}: what it learned"
             pos += accepted + 1
             emitted += accepted + 1
             if rng.random() < 0.04:  # end of text

@@ -214,6 +214,7 @@ class CppPlanner:
                                                          ctypes.c_int64, ctypes.c_int64]
         self.lib.dflash_planner_verify_count.restype = ctypes.c_int64
         self.lib.dflash_planner_observe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double]
+        self.lib.dflash_planner_learned.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]
         self.lib.dflash_planner_free.argtypes = [ctypes.c_void_p]
         error = ctypes.create_string_buffer(1024)
         self._planner = self.lib.dflash_planner_new(str(curve).encode(), programs.encode(), max_block, error,
@@ -230,6 +231,12 @@ class CppPlanner:
 
     def observe(self, verified: int, accepted: int, seconds: float) -> None:
         self.lib.dflash_planner_observe(self._planner, verified, accepted, seconds)
+
+    def learned(self) -> tuple[float, float]:
+        """(saving, per_call): AdaptivePlanner's attributes of those names."""
+        out = (ctypes.c_double * 2)()
+        self.lib.dflash_planner_learned(self._planner, out)
+        return out[0], out[1]
 
     def __del__(self) -> None:
         self.lib.dflash_planner_free(self._planner)

@@ -85,6 +85,9 @@ class AdaptivePlanner : public RoundPlanner {
   // The round's wall time is the time since block().
   void observe(int64_t verified, int64_t accepted) override;
   void observe(int64_t verified, int64_t accepted, double seconds);
+  // What it learned as numbers (ms): what choosing k saves lately, and what a call costs beyond the curve.
+  double saving() const { return saving_; }
+  double per_call() const { return per_call_; }
 
  private:
   // What adaptive.py's _commit keeps until the next round shows whether the generation went on.

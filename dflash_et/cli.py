@@ -32,12 +32,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--ar", action="store_true", help="plain autoregressive decoding with target.pte (the baseline)")
     g.add_argument("--block-size", type=block_size, default=None,
                    help="DFlash block: last token + proposals, or auto: chosen each round from this device's "
-                        "cost curve and the draft's confidence (default: auto; with --runner cpp, the largest "
-                        "block draft.pte takes)")
+                        "cost curve and the draft's confidence (default: auto)")
     g.add_argument("--runner", choices=RUNNERS, default="python",
                    help="python: the engine over executorch.runtime; cpp: the C++ runner (`make runner`), "
-                        "at fixed blocks, text printed when the reply is done; its seeds give other tokens than "
-                        "the Python engine's (default: %(default)s)")
+                        "text printed when the reply is done; its seeds give other tokens than the Python "
+                        "engine's (default: %(default)s)")
     g.add_argument("--cost-curve", type=Path, default=None,
                    help="with --block-size auto: this device's cost curve for these programs, as the bench "
                         "stage writes it (reports/cost_curve.json) (default: measured at load, one sweep: seconds "
@@ -89,13 +88,10 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
+    args.block_size = args.block_size or AUTO
     if args.runner == "cpp":
-        if args.block_size == AUTO or args.cost_curve:
-            raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine): drop "
-                            "--block-size auto and --cost-curve, or use --runner python")
-        engine = CppEngine(args.programs)
+        engine = CppEngine(args.programs, cost_curve=args.cost_curve)
     else:
-        args.block_size = args.block_size or AUTO
         engine = Engine(args.programs, args.cost_curve)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
     if args.block_size == AUTO and not args.ar and settings.greedy:  # sampled, auto keeps the largest block

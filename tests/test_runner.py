@@ -2,6 +2,8 @@
 engine's, its errors. It is built once per test run, as `make runner` builds it (conftest's `runner`)."""
 
 import json
+import math
+import random
 import shutil
 from collections import Counter
 from dataclasses import replace
@@ -15,7 +17,9 @@ import torch
 from dflash_et import cli
 from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels
+from dflash_et.runtime.adaptive import AdaptivePlanner, CostCurve
+from dflash_et.runtime.adaptive import confidence as adaptive_confidence
+from dflash_et.runtime.cpp_runner import CppEngine, CppPlanner, LlamaKernels
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -176,8 +180,6 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
             cpp.dflash((prompts[0] * 10)[:MAX_SEQ_LEN + 2], 8)
         with pytest.raises(UserError, match=f"block size 40 is outside 2..{python.max_block_size}"):
             cpp.dflash(prompts[0], 8, 40)
-        with pytest.raises(UserError, match=r"the C\+\+ runner runs fixed blocks"):
-            cpp.dflash(prompts[0], 8, "auto")
         with pytest.raises(UserError, match="bad request 'dflash x'; send 'ar MAX_NEW IDS'"):
             cpp._request("dflash x", None)
         with pytest.raises(UserError, match="unknown sampling setting warmth"):
@@ -196,8 +198,116 @@ def test_cli_runner_cpp(programs, runner, capsys):
     cpp, python, cpp6, sampled, other, again = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert cpp["tokens"] == python["tokens"] == cpp6["tokens"] and cpp["text"] == python["text"]
     assert sampled["tokens"] == again["tokens"] != other["tokens"] and (sampled["seed"], other["seed"]) == (3, 4)
-    with pytest.raises(SystemExit, match=r"the C\+\+ runner runs fixed blocks"):
-        cli.main(argv + ["--runner", "cpp", "--block-size", "auto"])
+    with pytest.raises(SystemExit, match=r"error: .*target\.pte is not a cost curve \(expected"):
+        cli.main(argv + ["--runner", "cpp", "--cost-curve", str(programs / "target.pte")])
+
+
+# ------------------------------------------------------------------------------------------ auto's planner
+
+PLAN_VOCAB = 64
+
+
+def scripted_curve() -> CostCurve:
+    """A cost curve that bends (target calls dearer past 6 tokens, and with the position), with a confidence
+    read dear enough that choosing k does not always pay for it."""
+    rows = [[1.0 + 0.05 * t + 0.3 * max(0, t - 6) + 0.001 * p for t in range(16)] for p in (0, 300, 700)]
+    drafts = [[0.4 + 0.03 * b + 0.0005 * p for b in range(15)] for p in (0, 300, 700)]
+    return CostCurve([40, 300, 700], rows, drafts, programs="scripted", confidence_ms=0.35)
+
+
+def draft_logits(rng: random.Random, rows: int, sure: bool) -> torch.Tensor:
+    """Rows whose top token has a confidence 0.03 or more from any bin edge of `Calibration` (tenths), so that
+    float32 softmaxes summed in another order bin them alike; `sure`: 0.4 or more."""
+    out = torch.zeros(rows, PLAN_VOCAB)
+    for i in range(rows):
+        c = (rng.randrange(4 * sure, 10) + 0.5) / 10 + rng.uniform(-0.02, 0.02)
+        out[i, rng.randrange(PLAN_VOCAB)] = math.log(c * (PLAN_VOCAB - 1) / (1 - c))
+    return out
+
+
+def test_the_runners_planner_makes_adaptive_pys_choices(runner, tmp_path):
+    """Both planners get the same rounds (generations that open, run and end; stretches where the draft is right
+    as sure as it is, and where it is wrong: plain steps and probes), the same draft logits and wall times: every
+    block and every verify count must agree, and what they learn, to the last digit."""
+    curve, path = scripted_curve(), tmp_path / "curve.json"
+    path.write_text(json.dumps(curve.to_dict()))
+    python, cpp = AdaptivePlanner(curve, 16), CppPlanner(path, "scripted", 16, runner.parent / "libdflash_planner.so")
+    rng = random.Random(0)
+    seen = Counter()
+    rounds = 0
+    while rounds < 1500:
+        pos, max_new = rng.randrange(8, 1000), rng.randrange(4, 90)  # some run into the cache's end (1024)
+        wrong = rng.random() < 0.3  # a draft wrong throughout this generation (another kind of text)
+        emitted = 1
+        while True:
+            room = min(16, max_new - emitted, 1024 - pos)
+            if room < 1:
+                break
+            rounds += 1
+            b = python.block(pos, room)
+            assert cpp.block(pos, room) == b, f"round {rounds}: block"
+            kind = "opening" if python._opening else "probe" if python._probing else "drafted"
+            seen["plain" if b == 1 else kind] += 1
+            k, accepted = 0, 0
+            if b > 1:
+                logits = draft_logits(rng, b - 1, sure=not wrong)
+                k = python.verify_count(logits, pos)
+                assert cpp.verify_count(logits, pos) == k, f"round {rounds}: verify count"
+                seen["confidence unread"] += not python._confidence
+                seen["fewer verified"] += k < b - 1
+                confidence = adaptive_confidence(logits)
+                while accepted < k and rng.random() < (0.05 if wrong else confidence[accepted]):
+                    accepted += 1
+            seconds = (curve.target(k + 1, pos) + (b > 1) * curve.draft(max(b, 2), pos) + rng.uniform(0.2, 1.0)) / 1000
+            python.observe(k, accepted, seconds)
+            cpp.observe(k, accepted, seconds)
+            assert cpp.learned() == (python.saving, python.per_call), f"round {rounds}: what it learned"
+            pos += accepted + 1
+            emitted += accepted + 1
+            if rng.random() < 0.04:  # end of text
+                break
+    assert min(seen.values()) >= 20 and len(seen) == 6, seen  # every kind of round, many times
+
+
+def test_the_runners_planner_refuses_curves_as_adaptive_py_does(runner, tmp_path):
+    library = runner.parent / "libdflash_planner.so"
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(scripted_curve().to_dict()))
+    with pytest.raises(UserError) as theirs:
+        CostCurve.load(path, "other programs")
+    with pytest.raises(UserError) as ours:
+        CppPlanner(path, "other programs", 16, library)
+    assert str(ours.value) == str(theirs.value)
+    for text in ("{", '{"positions": [1], "target_ms": [[1, 2]]}', '{"positions": [1], "target_ms": [[1, 2]], '
+                 '"draft_ms": [[1]], "colour": 3}'):
+        path.write_text(text)
+        with pytest.raises(UserError, match=rf"^{path} is not a cost curve \(.+\); the bench stage writes one"):
+            CppPlanner(path, "", 16, library)
+
+
+def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prompts, tmp_path):
+    """Greedy auto emits plain decoding's tokens; the curve it measures is of these programs (Engine.identity),
+    and a file of it is taken back exactly, one of other programs refused in one line."""
+    python = Engine(programs)
+    theirs = [python.ar(ids, 40).tokens for ids in prompts]
+    with CppEngine(programs, runner, threads=1) as cpp:
+        curve = cpp.cost_curve(repeats=1)
+        assert curve.programs == python.identity and curve.max_block == cpp.max_block_size
+        ours = [cpp.dflash(ids, 40, "auto") for ids in prompts]
+        sampled = [cpp.dflash(prompts[0], 12, block, sampler=Sampler(Sampling(0.8, seed=1)))
+                   for block in ("auto", cpp.max_block_size)]
+    assert [g.tokens for g in ours] == theirs
+    assert any(r.proposed < r.drafted for g in ours for r in g.rounds)  # auto chose: not every proposal verified
+    assert sampled[0].tokens == sampled[1].tokens  # sampled, auto keeps the largest block
+    assert [(r.drafted, r.proposed) for r in sampled[0].rounds] == [(r.drafted, r.proposed) for r in sampled[1].rounds]
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(curve.to_dict()))
+    with CppEngine(programs, runner, threads=1, cost_curve=path) as cpp:
+        assert cpp.cost_curve() == curve
+        assert cpp.dflash(prompts[1], 40, "auto").tokens == theirs[1]
+    path.write_text(json.dumps(replace(curve, programs="0:0").to_dict()))
+    with pytest.raises(ProgramError, match=rf"^{path} was measured on other programs than these; rerun the bench"):
+        CppEngine(programs, runner, cost_curve=path)
 
 
 def test_runner_samples_the_targets_distribution(programs, runner, prompts):
@@ -306,16 +416,16 @@ def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path
 def test_bench_with_the_cpp_runner(programs, runner):
     from dflash_et.reports.bench import BenchConfig, run_bench
 
-    config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, block_sizes=(4, 8), runner="cpp")
+    config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, latency_repeats=1, block_sizes=(4, 8),
+                         runner="cpp")
     metrics, plots, curve = run_bench(programs, 4, config)
     assert metrics["runner"] == "cpp" and metrics["lossless"] and metrics["tau"] > 1
     assert set(metrics["speedup_by_block"]) == {"4", "8"} and metrics["host_ms_per_round"] > 0
-    assert curve is None and "speedup_auto" not in metrics and plots["cost_curve"] == []  # auto is Python's
-    with pytest.raises(ValueError, match="bench.runner cpp runs fixed blocks"):
-        run_bench(programs, "auto", BenchConfig(runner="cpp"))
+    assert metrics["speedup_auto"] > 0 and curve.programs == Engine(programs).identity  # the runner's curve
+    assert len(plots["cost_curve"]) == curve.max_block
     with pytest.raises(ValueError, match="bench.runner must be one of python, cpp, got 'java'"):
         run_bench(programs, 4, BenchConfig(runner="java"))
-    with pytest.raises(ValueError, match=r"block_size 99 is outside 2\.\.\d+, .*; use at most \d+$"):  # no auto here
+    with pytest.raises(ValueError, match=r"block_size 99 is outside 2\.\.\d+, .*; use block_size auto, or at most"):
         run_bench(programs, 99, BenchConfig(runner="cpp"))
 
 

@@ -41,7 +41,7 @@ class BenchConfig:
     top_k: int | None = None
     proposals: str = "argmax"   # argmax | sample (temperature > 0)
     seed: int = 0
-    runner: str = "python"      # python | cpp: the host loop that decodes (cpp: fixed blocks; `make runner` builds it)
+    runner: str = "python"      # python | cpp: the host loop that decodes (cpp: `make runner` builds it)
 
     def sampling(self) -> Sampling | None:
         """The explicit sampling settings (checked), or None for the programs' recommended ones."""
@@ -84,9 +84,6 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     if config.runner not in RUNNERS:
         raise ValueError(f"bench.runner must be one of {', '.join(RUNNERS)}, got {config.runner!r}")
     cpp = config.runner == "cpp"
-    if cpp and block_size == AUTO:
-        raise ValueError("bench.runner cpp runs fixed blocks (auto's planner is in the Python engine): set block_size "
-                         "to a number, or bench.runner python")
     if any(b < 2 for b in config.block_sizes):
         raise ValueError(f"bench.block_sizes must all be at least 2 (one anchor + one proposal), got {list(config.block_sizes)}")
     rows = load_prompts(config.prompts, config.num_prompts)
@@ -99,8 +96,8 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     headline = str(decoder.check_block_size(block_size))
     settings = settings or decoder.recommended(proposals=config.proposals, seed=config.seed)
     fixed, too_large = _blocks(config, block_size, decoder.max_block_size)
-    modes = {str(b): b for b in fixed} | ({} if cpp else {AUTO: AUTO})
-    curve = None if cpp else decoder.cost_curve(config.latency_repeats)  # auto's input
+    modes = {str(b): b for b in fixed} | {AUTO: AUTO}
+    curve = decoder.cost_curve(config.latency_repeats)  # auto's input, timed by the runner that decodes
 
     def sampler(run: int) -> Sampler:
         return Sampler(replace(settings, seed=settings.seed + run))
@@ -182,25 +179,24 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         "speedup_range_over_repeats_by_category": {c: {mode: spread(mode, c) for mode in modes} for c in categories},
         **({"block_sizes_skipped": too_large} if too_large else {}),
     }
-    if curve:  # auto ran (the Python runner)
-        start, end = curve.positions[0], curve.positions[-1]
-        metrics |= {
-            "verify_cost_ratio": curve.target(decoder.max_block_size, start) / curve.target(1, start),
-            "speedup_auto": speedup(AUTO),
-            "tau_auto": pooled_tau(pooled(AUTO)),
-            "mean_verify_tokens_auto": mean_verify_tokens(),
-            "speedup_auto_by_category": {c: speedup(AUTO, c) for c in categories},
-            "tau_auto_by_category": {c: pooled_tau(pooled(AUTO, c)) for c in categories},
-            "mean_verify_tokens_auto_by_category": {c: mean_verify_tokens(c) for c in categories},
-            "auto_rounds_by_category": {c: choices(c) for c in categories},
-        }
+    start, end = curve.positions[0], curve.positions[-1]  # auto's cost curve
+    metrics |= {
+        "verify_cost_ratio": curve.target(decoder.max_block_size, start) / curve.target(1, start),
+        "speedup_auto": speedup(AUTO),
+        "tau_auto": pooled_tau(pooled(AUTO)),
+        "mean_verify_tokens_auto": mean_verify_tokens(),
+        "speedup_auto_by_category": {c: speedup(AUTO, c) for c in categories},
+        "tau_auto_by_category": {c: pooled_tau(pooled(AUTO, c)) for c in categories},
+        "mean_verify_tokens_auto_by_category": {c: mean_verify_tokens(c) for c in categories},
+        "auto_rounds_by_category": {c: choices(c) for c in categories},
+    }
     plots = {
         "acceptance": [{"accepted": k, "rounds": histogram.get(k, 0)} for k in range(decoder.max_block_size)],
         "speedup_by_block": [{"block": mode, "speedup": speedup(mode)} for mode in modes],
         "cost_curve": [{"tokens": t, "target_ms_start": curve.target(t, start),
                         "draft_ms_start": curve.draft(t, start) if t > 1 else 0.0,
                         "target_ms_end": curve.target(t, end), "draft_ms_end": curve.draft(t, end) if t > 1 else 0.0}
-                       for t in range(1, decoder.max_block_size + 1)] if curve else [],
+                       for t in range(1, decoder.max_block_size + 1)],
         "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": _throughput(pooled(mode, c))}
                          for c in categories for mode in runs],
     }

@@ -4,9 +4,10 @@ with no Python between the program calls.
 `build_runner` configures and builds it against this environment's executorch wheel and the pinned source
 of the tokenizers library ExecuTorch's runners use (what `make runner` runs); `CppEngine` keeps one
 `dflash_runner --serve` process per programs directory, so that the programs load once and their caches
-stay warm across generations, as in the Python engine. The runner decodes at fixed blocks (auto's planner
-stays in the Python engine), greedy or sampled by the same algorithm; its seeded generator is its own, so a
-seed gives other tokens than in the Python engine.
+stay warm across generations, as in the Python engine. The runner decodes at fixed blocks or `auto`
+(runner/src/planner.cpp: adaptive.py's planner, ported rule for rule, with its cost curve from the bench's
+file or measured by the runner; `CppPlanner` holds the two to the same choices), greedy or sampled by the
+same algorithm; its seeded generator is its own, so a seed gives other tokens than in the Python engine.
 """
 
 import ctypes
@@ -20,9 +21,9 @@ from pathlib import Path
 import torch
 
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.adaptive import AUTO
+from dflash_et.runtime.adaptive import CostCurve
 from dflash_et.runtime.generate import Generation, OnTokens, Round
-from dflash_et.runtime.engine import check_block_size, recommended
+from dflash_et.runtime.engine import BlockSize, check_block_size, recommended
 from dflash_et.runtime.sampling import Sampler, Sampling
 from dflash_et.sources import Sdist, cache_dir
 
@@ -75,13 +76,16 @@ def build_runner(build_dir: Path = BUILD) -> Path:
 class CppEngine:
     """`ar` and `dflash` of `Engine`, run by dflash_runner over the programs in `programs_dir`."""
 
-    def __init__(self, programs_dir: Path, binary: Path = BUILD / "dflash_runner", threads: int = 0):
-        """`threads`: the runtime's thread pool size (0: one per core; fewer leave cores to other processes)."""
+    def __init__(self, programs_dir: Path, binary: Path = BUILD / "dflash_runner", threads: int = 0,
+                 cost_curve: Path | None = None):
+        """`threads`: the runtime's thread pool size (0: one per core; fewer leave cores to other processes);
+        `cost_curve`: auto's, as the bench wrote it for these programs (default: the runner measures one)."""
         if not binary.is_file():
             raise UserError(f"the C++ runner is not built ({binary} is missing); run `make runner`")
         self._log = tempfile.TemporaryFile("w+")  # the runtime's log lines; read when something fails
+        curve = ["--cost-curve", str(cost_curve)] if cost_curve else []
         self._process = subprocess.Popen([str(binary), "--programs", str(programs_dir), "--serve",
-                                          "--threads", str(threads)], text=True,
+                                          "--threads", str(threads), *curve], text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
         ready = self._process.stdout.readline()
         if not ready:
@@ -98,7 +102,7 @@ class CppEngine:
         errors = [line for line in self._log.read().splitlines() if line.startswith("error: ")]
         return errors[-1].removeprefix("error: ") if errors else f"dflash_runner exited with status {self._process.returncode}"
 
-    def _request(self, line: str, on_tokens: OnTokens) -> Generation:
+    def _reply(self, line: str) -> dict:
         self._process.stdin.write(line + "\n")
         self._process.stdin.flush()
         reply = self._process.stdout.readline()
@@ -107,20 +111,21 @@ class CppEngine:
         out = json.loads(reply)
         if "error" in out:
             raise UserError(out["error"])
+        return out
+
+    def _request(self, line: str, on_tokens: OnTokens) -> Generation:
+        out = self._reply(line)
         self.peak_rss_kb = out["peak_rss_kb"]
         on_tokens and on_tokens(out["tokens"])  # all at once: the runner replies when the generation is done
         return Generation(out["tokens"], out["prefill_s"], [Round(**r) for r in out["rounds"]])
 
-    @staticmethod
-    def _fixed(block_size: int | str) -> int:
-        if block_size == AUTO:
-            raise UserError("the C++ runner runs fixed blocks (auto's planner is in the Python engine); "
-                            "give a block size, or use --runner python")
-        return int(block_size)
-
-    def check_block_size(self, block_size: int | str) -> int:
+    def check_block_size(self, block_size: BlockSize) -> BlockSize:
         """Checked before any decoding (the bench's blocks); `dflash` leaves the range to the runner."""
-        return check_block_size(self._fixed(block_size), self.max_block_size, "draft.pte", auto=False)
+        return check_block_size(block_size, self.max_block_size, "draft.pte")
+
+    def cost_curve(self, repeats: int = 5) -> CostCurve:
+        """auto's cost curve in the runner: the one it was given, or measured there now (once)."""
+        return CostCurve(**self._reply(f"cost_curve {repeats}"))
 
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
@@ -140,10 +145,11 @@ class CppEngine:
         """Plain decoding with target.pte alone (greedy unless a sampler says otherwise)."""
         return self._request(f"ar {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}", on_tokens)
 
-    def dflash(self, prompt: list[int], max_new_tokens: int, block_size: int | str | None = None,
+    def dflash(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
-        """DFlash at a fixed block (default: the largest draft.pte takes), greedy unless a sampler says otherwise."""
-        block = self._fixed(block_size or self.max_block_size)
+        """DFlash at a fixed block (default: the largest draft.pte takes) or `auto` (sampled: the largest block,
+        as `Engine.dflash`), greedy unless a sampler says otherwise."""
+        block = block_size or self.max_block_size
         return self._request(f"dflash {block} {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}",
                              on_tokens)
 
@@ -208,6 +214,50 @@ class LlamaKernels:
         if error:
             raise RuntimeError(f"llama::gated_delta_rule failed with error {error:#x}")
         return out, final_state
+
+
+class CppPlanner:
+    """The runner's auto planner (libdflash_planner.so, built beside it) behind `AdaptivePlanner`'s hooks, so
+    that a test can give both the same rounds and compare their choices."""
+
+    def __init__(self, curve: Path, programs: str, max_block: int, library: Path = BUILD / "libdflash_planner.so"):
+        """Over the cost curve file `curve`, checked to be of `programs` as the runner checks it."""
+        self.lib = ctypes.CDLL(str(library))
+        self.lib.dflash_planner_new.restype = ctypes.c_void_p
+        self.lib.dflash_planner_new.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p,
+                                                ctypes.c_size_t]
+        self.lib.dflash_planner_block.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        self.lib.dflash_planner_block.restype = ctypes.c_int64
+        self.lib.dflash_planner_verify_count.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                                         ctypes.c_int64, ctypes.c_int64]
+        self.lib.dflash_planner_verify_count.restype = ctypes.c_int64
+        self.lib.dflash_planner_observe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double]
+        self.lib.dflash_planner_learned.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]
+        self.lib.dflash_planner_free.argtypes = [ctypes.c_void_p]
+        error = ctypes.create_string_buffer(1024)
+        self._planner = self.lib.dflash_planner_new(str(curve).encode(), programs.encode(), max_block, error,
+                                                    len(error))
+        if not self._planner:
+            raise UserError(error.value.decode())
+
+    def block(self, pos: int, room: int) -> int:
+        return self.lib.dflash_planner_block(self._planner, pos, room)
+
+    def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
+        logits = draft_logits.float().contiguous()
+        return self.lib.dflash_planner_verify_count(self._planner, logits.data_ptr(), *logits.shape, pos)
+
+    def observe(self, verified: int, accepted: int, seconds: float) -> None:
+        self.lib.dflash_planner_observe(self._planner, verified, accepted, seconds)
+
+    def learned(self) -> tuple[float, float]:
+        """(saving, per_call): AdaptivePlanner's attributes of those names."""
+        out = (ctypes.c_double * 2)()
+        self.lib.dflash_planner_learned(self._planner, out)
+        return out[0], out[1]
+
+    def __del__(self) -> None:
+        self.lib.dflash_planner_free(self._planner)
 
 
 if __name__ == "__main__":  # `make runner`

@@ -18,9 +18,8 @@ from dflash_et.runtime.sampling import Sampler, Sampling
 BlockSize = int | str  # a number of tokens (last token + proposals), or "auto"
 
 
-def check_block_size(block_size: BlockSize, max_block_size: int, draft_name: str, auto: bool = True) -> BlockSize:
-    """`block_size` as a number the draft takes (2..max_block_size), or auto; `auto`: whether the runner
-    that asks can run auto, so that the advice names it only then."""
+def check_block_size(block_size: BlockSize, max_block_size: int, draft_name: str) -> BlockSize:
+    """`block_size` as a number the draft takes (2..max_block_size), or auto."""
     if block_size == AUTO:
         return block_size
     if isinstance(block_size, str) and not block_size.isdigit():
@@ -29,7 +28,7 @@ def check_block_size(block_size: BlockSize, max_block_size: int, draft_name: str
     if not 2 <= block_size <= max_block_size:
         raise ValueError(f"block_size {block_size} is outside 2..{max_block_size}, the blocks {draft_name} was "
                          "exported for (the draft's trained block unless export.max_block_size says otherwise); "
-                         f"use {'block_size auto, or ' if auto else ''}at most {max_block_size}")
+                         f"use block_size auto, or at most {max_block_size}")
     return block_size
 
 

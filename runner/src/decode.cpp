@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <numeric>
 
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
@@ -23,6 +24,50 @@ std::vector<int64_t> positions(int64_t start, int64_t length) {
   std::vector<int64_t> out(length);
   std::iota(out.begin(), out.end(), start);
   return out;
+}
+
+// A planner that runs `per_block` rounds of each block B = max_block..1 (or 1..max_block), verifying every
+// proposal, then plain steps; it times reading the draft's confidence in the largest block (adaptive._Sweep).
+class Sweep : public RoundPlanner {
+ public:
+  Sweep(int64_t max_block, int64_t per_block, bool descending) : max_block_(max_block) {
+    for (int64_t i = 0; i < max_block; ++i) blocks.insert(blocks.end(), per_block, descending ? max_block - i : i + 1);
+  }
+  int64_t block(int64_t pos, int64_t room) override {
+    ++rounds_;
+    return rounds_ <= static_cast<int64_t>(blocks.size()) ? std::min(blocks[rounds_ - 1], room) : 1;
+  }
+  int64_t verify_count(const float* logits, int64_t rows, int64_t vocab, int64_t pos) override {
+    if (rows == max_block_ - 1) {
+      const double t0 = now();
+      confidence(logits, rows, vocab);
+      confidence_ms.push_back(1000 * (now() - t0));
+    }
+    return rows;
+  }
+  void observe(int64_t verified, int64_t accepted) override {}
+
+  std::vector<int64_t> blocks;
+  std::vector<double> confidence_ms;
+
+ private:
+  int64_t max_block_, rounds_ = 0;
+};
+
+// Greedy verification (its host work) that accepts no proposal: each round moves one position on.
+class AcceptNone : public Sampler {
+ public:
+  AcceptNone() : Sampler(Sampling{}) {}
+  std::pair<int64_t, int64_t> verify(const std::vector<int64_t>& proposals, const std::vector<float>& q,
+                                     const float* logits, int64_t vocab) override {
+    return {0, argmax(logits, 1, vocab)[0]};
+  }
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 }  // namespace
@@ -48,6 +93,52 @@ Pair::Pair(const std::string& dir) {
   limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
              draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
              target_->integer(meta::kVocabSize), {eos.begin(), eos.end()}};
+  for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kCheckpointId),
+                             limits_.max_context_len, limits_.max_block,
+                             static_cast<int64_t>(std::filesystem::file_size(target_->path())),
+                             static_cast<int64_t>(std::filesystem::file_size(draft_->path()))}) {
+    identity_ += (identity_.empty() ? "" : ":") + std::to_string(part);
+  }
+}
+
+const CostCurve& Pair::cost_curve(int64_t repeats) {
+  if (!curve_) curve_ = measure_cost_curve(repeats);
+  return *curve_;
+}
+
+CostCurve Pair::measure_cost_curve(int64_t repeats) {
+  const int64_t max_block = limits_.max_block, max_seq_len = limits_.max_context_len;
+  const int64_t per_block = std::max<int64_t>(1, std::min<int64_t>(3, (max_seq_len - 1) / max_block));
+  const int64_t span = per_block * max_block;  // positions a sweep moves on, one per round
+  // Sweeps alternate the order where the cache has room for an ascending one (measure_cost_curve says why).
+  const bool both = max_seq_len - span - max_block >= 1;
+  const int64_t last = std::max<int64_t>(max_seq_len - span - both * max_block, 1);
+  const std::set<int64_t> positions{std::min<int64_t>(64, last), std::max<int64_t>(last / 2, 1), last};
+  CostCurve curve;
+  std::vector<double> confidence_ms;
+  for (const int64_t pos : positions) {
+    std::vector<std::vector<double>> target_times(max_block), draft_times(max_block - 1);  // [T - 1], [B - 2]
+    for (int64_t sweep = 0; sweep <= repeats; ++sweep) {  // the first sweep warms up and is dropped
+      Sweep plan(max_block, per_block, !both || sweep % 2 == 1);
+      AcceptNone sampler;
+      const Generation out = decode(std::vector<int64_t>(pos, 0), span + both * max_block + 1, max_block, sampler,
+                                    &plan, {});
+      for (size_t i = 0; i < std::min(plan.blocks.size(), out.rounds.size()); ++i) {
+        const int64_t b = plan.blocks[i];
+        if (sweep && (i % per_block || per_block == 1)) {
+          target_times[b - 1].push_back(1000 * out.rounds[i].verify_s);
+          if (b > 1) draft_times[b - 2].push_back(1000 * out.rounds[i].draft_s);
+        }
+      }
+      if (sweep) confidence_ms.insert(confidence_ms.end(), plan.confidence_ms.begin(), plan.confidence_ms.end());
+    }
+    curve.positions.push_back(pos + span / 2);
+    curve.target_ms.push_back(typical(target_times));
+    curve.draft_ms.push_back(typical(draft_times));
+  }
+  curve.programs = identity_;
+  curve.confidence_ms = confidence_ms.empty() ? 0.0 : median(confidence_ms);
+  return curve;
 }
 
 std::optional<Sampling> Pair::recommended() const {
@@ -126,18 +217,28 @@ Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, 
 Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block,
                         Sampler& sampler, const OnTokens& on_tokens) {
   check(prompt, max_new_tokens);
+  if (block == kAuto) {
+    if (sampler.greedy() && !planner_) planner_ = std::make_unique<AdaptivePlanner>(cost_curve(), limits_.max_block);
+    return decode(prompt, max_new_tokens, limits_.max_block, sampler, sampler.greedy() ? planner_.get() : nullptr,
+                  limits_.eos_ids);
+  }
   if (block < 2 || block > limits_.max_block) {
     throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
                     ", the blocks " + draft_->path() + " was exported for; give at most " +
-                    std::to_string(limits_.max_block));
+                    std::to_string(limits_.max_block) + ", or auto");
   }
+  return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids);
+}
+
+Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
+                        RoundPlanner* planner, const std::set<int64_t>& eos) {
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
   int64_t unseen_start = 0;
   out.tokens.push_back(prefill(prompt, &unseen, out.prefill_s, sampler));
   if (on_tokens) on_tokens({out.tokens.back()});
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
-  bool done = limits_.eos_ids.count(out.tokens.back()) > 0;
+  bool done = eos.count(out.tokens.back()) > 0;
   std::vector<int64_t> block_ids, context;
   std::vector<float> q;  // the distributions sampled proposals were drawn from
   while (!done) {
@@ -145,21 +246,24 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
                                    limits_.max_context_len - pos});
     if (room < 1) break;
     const double t0 = now();
+    const int64_t b = planner ? planner->block(pos, room) : room;
     const int64_t last = out.tokens.back();
     std::vector<int64_t> proposals;
     double draft_s = 0;
-    if (room >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
-      block_ids.assign(room, limits_.mask_token_id);
+    if (b >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
+      block_ids.assign(b, limits_.mask_token_id);
       block_ids[0] = last;
       const auto n = static_cast<int32_t>(unseen.size() / taps_width_);
       context = positions(unseen_start, n);
       const double t1 = now();
-      draft_->call({*from_blob(block_ids.data(), {1, static_cast<int32_t>(room)}, ScalarType::Long),
+      draft_->call({*from_blob(block_ids.data(), {1, static_cast<int32_t>(b)}, ScalarType::Long),
                        *from_blob(unseen.data(), {1, n, static_cast<int32_t>(taps_width_)}, ScalarType::Float),
                        *from_blob(context.data(), {n}, ScalarType::Long)});
       draft_s = now() - t1;
       const auto& logits = draft_->output(0);
-      proposals = sampler.propose(logits.const_data_ptr<float>(), room - 1, logits.size(2), q);
+      const float* rows = logits.const_data_ptr<float>();
+      const int64_t k = planner ? planner->verify_count(rows, b - 1, logits.size(2), pos) : b - 1;
+      proposals = sampler.propose(rows, k, logits.size(2), q);
       unseen.clear();
       unseen_start = pos;
     }
@@ -170,10 +274,11 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
     const double verify_s = now() - t1;
     const auto [accepted, following] =
         sampler.verify(proposals, q, target_->output(0).const_data_ptr<float>(), limits_.vocab_size);
+    if (planner) planner->observe(proposals.size(), accepted);
     std::vector<int64_t> emitted(proposals.begin(), proposals.begin() + accepted);
     emitted.push_back(following);
     for (size_t i = 0; i < emitted.size(); ++i) {
-      if (limits_.eos_ids.count(emitted[i])) {
+      if (eos.count(emitted[i])) {
         emitted.resize(i + 1);
         done = true;
         break;
@@ -183,7 +288,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
     keep_taps(unseen, accepted + 1);  // of `last` and the accepted proposals
     pos += accepted + 1;
     out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),
-                          draft_s, verify_s, now() - t0, room - 1});
+                          draft_s, verify_s, now() - t0, b - 1});
     if (on_tokens) on_tokens(emitted);
   }
   return out;

@@ -9,10 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "planner.h"
 #include "programs.h"
 #include "sampling.h"
 
 namespace dflash {
+
+inline constexpr int64_t kAuto = -1;  // a block size: `auto`, each round's block the planner's
 
 // Everything a runner needs to know, read from the programs' constant methods.
 struct Limits {
@@ -47,12 +50,24 @@ class Pair {
   // Plain decoding: one target call per token.
   Generation ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler,
                 const OnTokens& on_tokens = nullptr);
-  // DFlash with blocks of `block` (last token + proposals), clamped at the ends as the Python engine does.
+  // DFlash with blocks of `block` (last token + proposals), clamped at the ends as the Python engine does, or
+  // kAuto: greedy, the planner's blocks (it learns across generations); sampled, the largest block, as
+  // Engine.dflash (a seed must give the same tokens on every run, whatever the planner learned).
   Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     const OnTokens& on_tokens = nullptr);
 
+  // auto's cost curve: the one in `path` (checked to be of these programs), from now on.
+  void load_cost_curve(const std::string& path) { curve_ = CostCurve::load(path, identity_); }
+  // auto's cost curve: the one loaded, or measured now (once), as Engine.cost_curve.
+  const CostCurve& cost_curve(int64_t repeats = 5);
+
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
+  // The DFlash loop (generate_dflash): blocks of `block`, or the planner's of at most `block`; it stops at `eos`.
+  Generation decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
+                    RoundPlanner* planner, const std::set<int64_t>& eos);
+  // adaptive.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
+  CostCurve measure_cost_curve(int64_t repeats);
   // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`
   // (null: plain decoding, which feeds no draft).
   int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>* taps, double& seconds, Sampler& sampler);
@@ -65,6 +80,9 @@ class Pair {
   std::unique_ptr<Pte> target_, draft_;
   Limits limits_;
   int64_t taps_width_ = 0;  // k * hidden: the width of one position's taps
+  std::string identity_;  // which programs these are, for a cost curve measured on them (Engine.identity)
+  std::optional<CostCurve> curve_;
+  std::unique_ptr<AdaptivePlanner> planner_;  // greedy auto's, made on first use
 };
 
 }  // namespace dflash

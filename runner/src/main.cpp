@@ -1,11 +1,16 @@
 // dflash_runner: DFlash (or plain) decoding over a directory of dflash-et programs, greedy or sampled.
 //
-//   dflash_runner --programs DIR (--prompt TEXT | --prompt-ids 1,2,3) [--ar] [--block-size B] [--max-new-tokens N]
+//   dflash_runner --programs DIR (--prompt TEXT | --prompt-ids 1,2,3) [--ar] [--block-size B|auto] [--max-new-tokens N]
 //                 [--json] [--threads N] [--temperature T [--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S]]
+//                 [--cost-curve FILE]
 //   dflash_runner --programs DIR --prompt TEXT --tokenize   prints the prompt's ids and exits (loads no program)
 //   dflash_runner --programs DIR --serve     one request per stdin line, one JSON reply per line:
-//                                            "ar MAX_NEW IDS [SAMPLING]" or "dflash BLOCK MAX_NEW IDS [SAMPLING]"
-//                                            (IDS: 1,2,3; SAMPLING: temperature=T top_p=P top_k=K proposals=P seed=S)
+//                                            "ar MAX_NEW IDS [SAMPLING]" or "dflash BLOCK|auto MAX_NEW IDS [SAMPLING]"
+//                                            (IDS: 1,2,3; SAMPLING: temperature=T top_p=P top_k=K proposals=P seed=S),
+//                                            or "cost_curve REPEATS": auto's cost curve (measured once, unless given)
+//
+// auto's cost curve comes from --cost-curve (the bench's reports/cost_curve.json for these programs), or is
+// measured when auto first needs it.
 //
 // --prompt: text in, text out, as `dflash generate` (text.h): the user's message through the target's chat format
 // and tokenizer (packaged beside the programs), the reply's text streamed to stdout as tokens are accepted, the
@@ -50,7 +55,8 @@ struct Args {
   std::vector<int64_t> prompt;
   std::string message;  // --prompt
   bool text = false, tokenize = false, ar = false, json = false, serve = false;
-  int64_t block = 0;  // 0: the largest block the draft was exported for
+  int64_t block = 0;  // 0: the largest block the draft was exported for; dflash::kAuto: auto
+  std::string cost_curve;  // auto's, from this file (none: measured)
   int64_t max_new_tokens = 128;
   int64_t threads = 0;  // 0: the runtime's default, one per core
   Sampling sampling;
@@ -58,8 +64,9 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR ((--prompt TEXT | --prompt-ids 1,2,3) [--ar] "
-               "[--block-size B] [--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] [--top-k K] "
-               "[--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve)\n";
+               "[--block-size B|auto] [--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] "
+               "[--top-k K] [--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve) "
+               "[--cost-curve FILE]\n";
   std::exit(2);
 }
 
@@ -106,6 +113,10 @@ void set(Sampling& s, const std::string& name, const std::string& value) {
   }
 }
 
+int64_t block_size(const std::string& text) {
+  return text == "auto" ? dflash::kAuto : number(text, "the block size");
+}
+
 std::vector<int64_t> ids(const std::string& text) {
   std::vector<int64_t> out;
   std::stringstream in(text);
@@ -126,7 +137,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--prompt-ids") args.prompt = ids(value()), ++prompts;
     else if (flag == "--prompt") args.message = value(), args.text = true, ++prompts;
     else if (flag == "--tokenize") args.tokenize = true;
-    else if (flag == "--block-size") args.block = number(value(), "--block-size");
+    else if (flag == "--block-size") args.block = block_size(value());
+    else if (flag == "--cost-curve") args.cost_curve = value();
     else if (flag == "--max-new-tokens") args.max_new_tokens = number(value(), "--max-new-tokens");
     else if (flag == "--threads") args.threads = number(value(), "--threads");
     else if (flag == "--temperature" || flag == "--top-p" || flag == "--top-k" || flag == "--proposals" ||
@@ -207,14 +219,19 @@ void serve(dflash::Pair& pair) {
   std::cout << ", \"peak_rss_kb\": " << peak_rss_kb() << "}" << std::endl;
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);
-    std::string mode, prompt;
-    int64_t block = 0, max_new = 0;
+    std::string mode, prompt, block = "0";
+    int64_t max_new = 0;
     try {
       in >> mode;
+      if (mode == "cost_curve" && in >> max_new) {
+        std::cout << pair.cost_curve(max_new).to_json() << std::endl;
+        continue;
+      }
       if (mode == "dflash") in >> block;
       if (!(in >> max_new >> prompt) || (mode != "ar" && mode != "dflash")) {
-        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS' or 'dflash BLOCK MAX_NEW IDS', "
-                        "then any of temperature=T top_p=P top_k=K proposals=argmax|sample seed=S");
+        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS' or 'dflash BLOCK|auto MAX_NEW IDS', "
+                        "then any of temperature=T top_p=P top_k=K proposals=argmax|sample seed=S; "
+                        "or 'cost_curve REPEATS'");
       }
       Sampling sampling;
       for (std::string setting; in >> setting;) {
@@ -222,7 +239,7 @@ void serve(dflash::Pair& pair) {
         if (eq == std::string::npos) throw UserError("bad sampling setting '" + setting + "'; write name=value");
         set(sampling, setting.substr(0, eq), setting.substr(eq + 1));
       }
-      std::cout << to_json(run(pair, mode == "ar", block, max_new, ids(prompt), sampling)) << std::endl;
+      std::cout << to_json(run(pair, mode == "ar", block_size(block), max_new, ids(prompt), sampling)) << std::endl;
     } catch (const UserError& e) {
       std::cout << "{\"error\": " << quoted(e.what()) << "}" << std::endl;
     }
@@ -251,6 +268,7 @@ int main(int argc, char** argv) {
       executorch::extension::threadpool::get_threadpool()->_unsafe_reset_threadpool(args.threads);
     }
     dflash::Pair pair(args.programs);
+    if (!args.cost_curve.empty()) pair.load_cost_curve(args.cost_curve);
     if (args.serve) {
       serve(pair);
       return 0;

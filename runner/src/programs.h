@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,12 +12,9 @@
 #include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
 #include <executorch/runtime/executor/program.h>
 
-namespace dflash {
+#include "errors.h"
 
-// A problem the user can fix: main() prints it as one line and exits non-zero.
-struct UserError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+namespace dflash {
 
 bool is_file(const std::string& path);
 

@@ -23,6 +23,8 @@ struct Sampling {
 class Sampler {
  public:
   explicit Sampler(const Sampling& sampling);
+  virtual ~Sampler() = default;
+  bool greedy() const { return sampling_.temperature == 0; }
 
   // A token from one row of logits (plain decoding, and the token after prefill).
   int64_t next_token(const float* logits, int64_t vocab);
@@ -30,8 +32,8 @@ class Sampler {
   // (left empty for argmax proposals).
   std::vector<int64_t> propose(const float* logits, int64_t rows, int64_t vocab, std::vector<float>& q);
   // (accepted, next): how many proposals the target's logits [proposals + 1, vocab] accept, and the token after them.
-  std::pair<int64_t, int64_t> verify(const std::vector<int64_t>& proposals, const std::vector<float>& q,
-                                     const float* logits, int64_t vocab);
+  virtual std::pair<int64_t, int64_t> verify(const std::vector<int64_t>& proposals, const std::vector<float>& q,
+                                             const float* logits, int64_t vocab);
 
  private:
   void distribution(const float* logits, int64_t vocab, std::vector<float>& probs) const;

@@ -33,7 +33,7 @@ def prompts(programs):
 
 
 def test_engine_reads_limits_from_programs(engine, facts):
-    assert (engine.max_seq_len, engine.chunk, engine.eos_ids) == (MAX_SEQ_LEN, PREFILL_CHUNK, set(facts["eos_ids"]))
+    assert (engine.max_context_len, engine.chunk, engine.eos_ids) == (MAX_SEQ_LEN, PREFILL_CHUNK, set(facts["eos_ids"]))
     assert (engine.mask_token_id, engine.max_block_size) == (facts["mask_token_id"], facts["block_size"])
 
 

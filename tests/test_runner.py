@@ -158,7 +158,7 @@ def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner
 
     theirs = runs(python)
     with CppEngine(programs, runner, threads=1) as cpp:
-        assert (cpp.max_seq_len, cpp.max_block_size) == (python.max_seq_len, python.max_block_size)
+        assert (cpp.max_context_len, cpp.max_block_size) == (python.max_context_len, python.max_block_size)
         ours = runs(cpp)
         assert cpp.peak_rss_kb > 0
     for a, b in zip(ours, theirs):

@@ -91,7 +91,7 @@ class CppEngine:
         if not ready:
             raise ProgramError(self._failure())
         self.meta = json.loads(ready)  # limits, and the recommended sampling when target.pte carries it
-        self.max_seq_len, self.max_block_size = self.meta["max_context_len"], self.meta["max_block_len"]
+        self.max_context_len, self.max_block_size = self.meta["max_context_len"], self.meta["max_block_len"]
         self.load_rss_kb = self.meta["peak_rss_kb"]  # peak resident memory once both programs are loaded
         self.programs_dir = programs_dir
 

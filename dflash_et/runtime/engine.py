@@ -44,10 +44,10 @@ class Engine:
     def __init__(self, programs_dir: Path, cost_curve: Path | None = None):
         self.target, self.draft = load_programs(programs_dir)
         t, d = self.target.meta, self.draft.meta
-        self.max_seq_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
+        self.max_context_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
         self.mask_token_id, self.max_block_size = d.mask_token_id, d.max_block_len
         # which programs these are, for a cost curve measured on them
-        self.identity = ":".join(str(x) for x in (t.checkpoint_id, d.draft_checkpoint_id, self.max_seq_len,
+        self.identity = ":".join(str(x) for x in (t.checkpoint_id, d.draft_checkpoint_id, self.max_context_len,
                                                   self.max_block_size, self.target.path.stat().st_size,
                                                   self.draft.path.stat().st_size))
         self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None
@@ -64,7 +64,7 @@ class Engine:
 
     def measure_cost_curve(self, repeats: int) -> CostCurve:
         """A new measurement of the cost per program call (it writes into the programs' caches: not mid-generation)."""
-        curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_seq_len, self.mask_token_id,
+        curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_context_len, self.mask_token_id,
                                    self.chunk, repeats)
         curve.programs = self.identity
         return curve
@@ -82,7 +82,7 @@ class Engine:
     def ar(self, prompt: list[int], max_new_tokens: int, on_tokens: OnTokens = None,
            sampler: Sampler | None = None) -> Generation:
         """Plain decoding with target.pte alone (greedy unless a sampler says otherwise): the baseline."""
-        return generate_ar(self.target, prompt, max_new_tokens, self.eos_ids, self.max_seq_len, self.chunk,
+        return generate_ar(self.target, prompt, max_new_tokens, self.eos_ids, self.max_context_len, self.chunk,
                            on_tokens, sampler)
 
     def dflash(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
@@ -94,6 +94,6 @@ class Engine:
         # Sampled, auto keeps the largest block: its choices (device timings, what it learned) would decide
         # which random draws a round makes, and a seed must give the same tokens on every run.
         planner = self.planner() if block_size == AUTO and sampler.sampling.greedy else None
-        return generate_dflash(self.target, self.draft, prompt, max_new_tokens, self.eos_ids, self.max_seq_len,
+        return generate_dflash(self.target, self.draft, prompt, max_new_tokens, self.eos_ids, self.max_context_len,
                                self.chunk, self.max_block_size if block_size == AUTO else block_size, self.mask_token_id,
                                on_tokens, sampler, planner)

@@ -93,7 +93,7 @@ Pair::Pair(const std::string& dir) {
   limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
              draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
              target_->integer(meta::kVocabSize), {eos.begin(), eos.end()}};
-  for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kCheckpointId),
+  for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
                              limits_.max_context_len, limits_.max_block,
                              static_cast<int64_t>(std::filesystem::file_size(target_->path())),
                              static_cast<int64_t>(std::filesystem::file_size(draft_->path()))}) {
@@ -220,18 +220,18 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
   if (block == kAuto) {
     if (sampler.greedy() && !planner_) planner_ = std::make_unique<AdaptivePlanner>(cost_curve(), limits_.max_block);
     return decode(prompt, max_new_tokens, limits_.max_block, sampler, sampler.greedy() ? planner_.get() : nullptr,
-                  limits_.eos_ids);
+                  limits_.eos_ids, on_tokens);
   }
   if (block < 2 || block > limits_.max_block) {
     throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
                     ", the blocks " + draft_->path() + " was exported for; give at most " +
                     std::to_string(limits_.max_block) + ", or auto");
   }
-  return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids);
+  return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids, on_tokens);
 }
 
 Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
-                        RoundPlanner* planner, const std::set<int64_t>& eos) {
+                        RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens) {
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
   int64_t unseen_start = 0;

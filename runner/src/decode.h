@@ -63,9 +63,10 @@ class Pair {
 
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
-  // The DFlash loop (generate_dflash): blocks of `block`, or the planner's of at most `block`; it stops at `eos`.
+  // The DFlash loop (generate_dflash): blocks of `block`, or the planner's of at most `block`; it stops at `eos`
+  // and hands each step's new tokens to `on_tokens`.
   Generation decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
-                    RoundPlanner* planner, const std::set<int64_t>& eos);
+                    RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens = nullptr);
   // adaptive.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
   CostCurve measure_cost_curve(int64_t repeats);
   // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`

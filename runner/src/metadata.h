@@ -13,6 +13,7 @@ inline constexpr const char* kVocabSize = "get_vocab_size";
 inline constexpr const char* kEosIds = "get_eos_ids";
 inline constexpr const char* kTargetLayerIds = "get_target_layer_ids";
 inline constexpr const char* kCheckpointId = "get_checkpoint_id";
+inline constexpr const char* kDraftCheckpointId = "get_draft_checkpoint_id";
 inline constexpr const char* kTargetCheckpointId = "get_target_checkpoint_id";
 inline constexpr const char* kMaskTokenId = "get_mask_token_id";
 inline constexpr const char* kMaxBlockLen = "get_max_block_len";

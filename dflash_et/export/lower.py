@@ -356,7 +356,6 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     it varies run to run, and package, validate and bench read export.json.
     """
     config.check()
-    out_dir.mkdir(parents=True, exist_ok=True)
     if kind not in LAYOUTS[config.layout]:
         summary = {"program": None, "config": asdict(config)}
         write_json(out_dir / "export.json", summary)
@@ -385,6 +384,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
     program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
+    out_dir.mkdir(parents=True, exist_ok=True)
     with open(pte, "wb") as f:
         program.write_to_file(f)
     if config.shared_weights:

@@ -210,6 +210,17 @@ def chat_checkpoint(path: Path, family: str) -> Path:
     return path
 
 
+def planned_arenas(pte: Path) -> dict[str, list[int]]:
+    """Each compute method's memory-planned arenas (no public API reads them; exir's own deserializer does)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD
+
+    program = deserialize_pte_binary(pte.read_bytes())
+    return {plan.name: list(plan.non_const_buffer_sizes) for plan in getattr(program, "program", program).execution_plan
+            if plan.name in (STOCK_METHOD, TARGET_METHOD, DRAFT_METHOD)}
+
+
 def numerics(programs_dir: Path, pair: tuple[Path, Path], export_config=None):
     """compare_numerics of the programs against the eager pair (quantized like the export when it was)."""
     from dflash_et.checkpoints.check import load_pair

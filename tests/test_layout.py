@@ -7,7 +7,6 @@ import json
 import runpy
 import sys
 from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 
@@ -19,18 +18,9 @@ from dflash_et.reports.bench import BenchConfig, run_bench
 from dflash_et.reports.validate import validate
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
-from tests.conftest import checkpoint_facts, validate_config
+from tests.conftest import checkpoint_facts, planned_arenas, validate_config
 
 PROMPTS = ["What is 12 times 7?", "Write a Python function that reverses a list.", "Tell me about the sea."]
-
-
-def _arenas(pte: Path) -> dict[str, list[int]]:
-    """Each compute method's memory-planned arenas (no public API reads them; exir's own deserializer does)."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    program = deserialize_pte_binary(pte.read_bytes())
-    return {plan.name: list(plan.non_const_buffer_sizes) for plan in getattr(program, "program", program).execution_plan
-            if plan.name in (STOCK_METHOD, TARGET_METHOD, DRAFT_METHOD)}
 
 
 def test_one_file_stores_the_borrowed_weights_once(programs, single_programs, trained_pair):
@@ -50,8 +40,8 @@ def test_the_drafts_state_is_its_own(programs, single_programs):
     """Methods of one program share every mutable buffer of the same name: the draft's KV caches, named as the
     target's are, must not be the target's. All three methods point at one state arena as large as both
     programs' of the pair together."""
-    single, pair = _arenas(single_programs / "target.pte"), {**_arenas(programs / "target.pte"),
-                                                               **_arenas(programs / "draft.pte")}
+    single, pair = planned_arenas(single_programs / "target.pte"), {**planned_arenas(programs / "target.pte"),
+                                                               **planned_arenas(programs / "draft.pte")}
     assert {len(a) for a in single.values()} == {3}
     assert single[TARGET_METHOD][2] == single[STOCK_METHOD][2] == single[DRAFT_METHOD][2]
     assert single[TARGET_METHOD][2] == pair[TARGET_METHOD][2] + pair[DRAFT_METHOD][2]

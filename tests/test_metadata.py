@@ -15,7 +15,7 @@ from dflash_et.errors import ProgramError
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, method_name
 from dflash_et.runtime.generate import generate_ar
 from dflash_et.runtime.programs import TargetProgram, load_programs
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
+from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, planned_arenas
 
 HEADER = Path(__file__).resolve().parents[1] / "runner" / "src" / "metadata.h"
 
@@ -38,20 +38,11 @@ def test_executorch_runner_names_mean_what_executorch_means(programs):
     assert {"get_max_block_len", "get_mask_token_id", "get_target_layer_ids"} <= draft.program.method_names
 
 
-def _planned_arenas(pte: Path) -> dict[str, list[int]]:
-    """Each compute method's memory-planned arenas (no public API reads them; exir's own deserializer does)."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    program = deserialize_pte_binary(pte.read_bytes())
-    return {plan.name: list(plan.non_const_buffer_sizes) for plan in getattr(program, "program", program).execution_plan
-            if plan.name in (STOCK_METHOD, TARGET_METHOD)}
-
-
 def test_forward_and_target_share_one_kv_cache(programs):
     """A stock runner's `forward` continues what DFlash's `target` wrote, and the reverse: one cache, planned
     as one arena both methods point at (a runtime that gives each method its own memory, as the C++ runners
     do, would otherwise keep two caches), and the weights stored once."""
-    arenas = _planned_arenas(programs / "target.pte")
+    arenas = planned_arenas(programs / "target.pte")
     assert len(arenas[STOCK_METHOD]) == len(arenas[TARGET_METHOD]) == 3  # unused, activations, shared state
     assert arenas[STOCK_METHOD][2] == arenas[TARGET_METHOD][2] > 0
     summary = json.loads((programs / "export.json").read_text())["programs"]["target"]

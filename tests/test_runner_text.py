@@ -6,10 +6,12 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from dflash_et import cli
 from dflash_et.data.prompts import ChatFormat, chat_format, encode_chat, tokenizer
@@ -24,7 +26,8 @@ PROMPTS = ["Write a haiku about the sea.", "héllo wörld — ça va? 你好，�
            "two\nlines\n\n\nand\ttabs   and  spaces  ", " leading space", "trailing newline\n",
            "special-looking <|im_end|> <|im_start|>assistant <|endoftext|> <think></think> <|fake|>",
            "code: def f(x):\n    return x**2  # ünïcode\r\n", "1234567890 3.14159 1e-9 0x1F", "a", "'s 'll 've don't",
-           "\u200b\u00a0\ufeff zero-width and nbsp", "\x01\x7f control", "\ufffd replacement char"]
+           "\u200b\u00a0\ufeff zero-width and nbsp", "\x01\x7f control", "\ufffd replacement char",
+           "def f(x):\n    return x\n\nprint(f(2))\n", "Solve: (3 + 4) * 5 = ?\nAnswer: 35.\n", "1. First\n2. Second\n3. Third.\n"]
 
 
 def test_the_cpp_runner_spells_the_chat_format_as_python_does():
@@ -57,6 +60,36 @@ def smollm2_tokenizer(tmp_path_factory) -> Path:
     return tokenizer_dir(out, out)
 
 
+# Qwen2/3's and Llama 3's pre-tokenizers as their tokenizer.json files spell them (a regex split, then ByteLevel
+# with use_regex=false), each with a vocabulary trained under it, so that merges cross GPT-2's split as theirs do;
+# Llama 3's also writes its merges as strings and ignores merges for words in the vocabulary.
+QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = QWEN_SPLIT.replace(r"|\p{N}|", r"|\p{N}{1,3}|")
+
+
+def split_tokenizer(out: Path, split: str, llama3: bool) -> Path:
+    from dflash_et.checkpoints.builtin import build_tokenizer
+
+    build_tokenizer(split=split).save_pretrained(out)
+    config = json.loads((out / "tokenizer.json").read_text())
+    config["normalizer"] = {"type": "NFC"}
+    if llama3:
+        config["model"]["merges"] = [" ".join(m) for m in config["model"]["merges"]]
+        config["model"]["ignore_merges"] = True
+    (out / "tokenizer.json").write_text(json.dumps(config))
+    return tokenizer_dir(out, out)
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer(tmp_path_factory) -> Path:
+    return split_tokenizer(tmp_path_factory.mktemp("qwen"), QWEN_SPLIT, llama3=False)
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer(tmp_path_factory) -> Path:
+    return split_tokenizer(tmp_path_factory.mktemp("llama3"), LLAMA3_SPLIT, llama3=True)
+
+
 @pytest.fixture(scope="module")
 def bos_tokenizer(pair, tmp_path_factory) -> Path:
     """The built-in tokenizer without a chat template, whose encode adds a BOS: encode_chat's plain-text case."""
@@ -79,11 +112,16 @@ def cpp_ids(runner: Path, directory: Path, prompt: str) -> list[int]:
     return [int(i) for i in done.stdout.strip().split(",")]
 
 
-@pytest.mark.parametrize("kind", ["builtin", "smollm2", "bos"])
+@pytest.mark.parametrize("kind", ["builtin", "smollm2", "bos", "qwen", "llama3"])
 def test_the_cpp_runners_prompt_ids_are_encode_chats(kind, request, runner, pair, tmp_path):
     directory = (tokenizer_dir(pair[0], tmp_path / "builtin") if kind == "builtin"
                  else request.getfixturevalue(f"{kind}_tokenizer"))
     tok = tokenizer(directory)
+    if kind in ("qwen", "llama3"):  # what 1.0.1 unpatched reads (GPT-2's split after theirs) gives other ids
+        config = json.loads((directory / "tokenizer.json").read_text())
+        config["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = True
+        gpt2_too = Tokenizer.from_str(json.dumps(config))
+        assert sum(tok(p)["input_ids"] != gpt2_too.encode(p).ids for p in PROMPTS) >= 3
     format_ = ChatFormat.read(directory)
     if kind == "bos":
         assert (format_.prefix, format_.suffix, format_.after) == ("", "", []) and len(format_.before) == 1
@@ -93,6 +131,22 @@ def test_the_cpp_runners_prompt_ids_are_encode_chats(kind, request, runner, pair
         expected = encode_chat(tok, prompt)
         assert format_.encode(tok, prompt) == expected
         assert cpp_ids(runner, directory, prompt) == expected, prompt
+
+
+def test_text_nfc_would_change_is_refused_not_misread(runner, qwen_tokenizer):
+    """pytorch-tokenizers' NFC strips accents, so the runner encodes only text that is its own NFC form (a
+    decomposed accent would need the normalization) and says so in one line otherwise."""
+    composed, decomposed = "caf\u00e9 cr\u00e8me", "cafe\u0301 cre\u0300me"
+    assert cpp_ids(runner, qwen_tokenizer, composed) == encode_chat(tokenizer(qwen_tokenizer), composed)
+    assert_one_line_error(run_binary(runner, qwen_tokenizer, "--prompt", decomposed, "--tokenize"),
+                          "the prompt has U+0301, which the tokenizer's NFC normalization may change and the C++ "
+                          "tokenizer cannot normalize; give the text in NFC form (unicodedata.normalize) or --prompt-ids "
+                          "instead")
+
+
+def test_the_nfc_table_is_the_one_unicodedata_gives():
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "nfc_table.py"), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_package_step_writes_the_chat_format(programs, trained_pair):
@@ -156,31 +210,34 @@ def test_prompt_without_a_tokenizer_or_chat_format_is_a_one_line_error(runner, p
                               "the target's chat template is not a fixed text around the message")
         assert "give --prompt-ids instead" in run_binary(runner, no_format, *args).stderr
     assert run_binary(runner, no_format, "--prompt-ids", "1,2,3", "--max-new-tokens", "2").returncode == 0
-    def qwen_pre_tokenizer(config: dict) -> None:
-        config["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": r"\p{L}+|\s+(?!\S)|\s+|."}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
 
-    def rstrip(config: dict) -> None:
-        config["added_tokens"][1]["rstrip"] = True
-
-    def old_merges(config: dict) -> None:
-        config["model"]["merges"] = [" ".join(m) for m in config["model"]["merges"]]
-
-    for change, why in ((old_merges, "merges written as strings (older tokenizers), not pairs"),
-                        (qwen_pre_tokenizer, "a ByteLevel pre-tokenizer with use_regex=false (as Qwen's and Llama 3's)"),
-                        (rstrip, "the added token <|im_start|> with lstrip, rstrip or single_word")):
-        changed = tokenizer_dir(pair[0], tmp_path / change.__name__)
-        config = json.loads((changed / "tokenizer.json").read_text())
-        change(config)
-        (changed / "tokenizer.json").write_text(json.dumps(config))
-        assert_one_line_error(run_binary(runner, changed, "--prompt", "hi", "--tokenize"),
-                              f"tokenizer.json has {why}, which the C++ tokenizer (pytorch-tokenizers' HFTokenizer) would not "
-                              "read as Hugging Face's does; give --prompt-ids")
+    stripped = tokenizer_dir(pair[0], tmp_path / "rstrip")  # an added token that eats the spaces after it
+    config = json.loads((stripped / "tokenizer.json").read_text())
+    config["added_tokens"][1]["rstrip"] = True
+    (stripped / "tokenizer.json").write_text(json.dumps(config))
+    assert_one_line_error(run_binary(runner, stripped, "--prompt", "hi", "--tokenize"),
+                          "tokenizer.json has the added token <|im_start|> with lstrip, rstrip or single_word, which the "
+                          "C++ tokenizer (pytorch-tokenizers' HFTokenizer) would not read as Hugging Face's does; "
+                          "give --prompt-ids")
     for args, message in ((("--prompt", "hi", "--prompt-ids", "1"), "give --prompt or --prompt-ids"),
                           (("--prompt-ids", "1", "--tokenize"), "--tokenize prints the ids of a --prompt")):
         bad = run_binary(runner, programs, *args)
         assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_an_unpatched_tokenizers_tree_is_refused_at_configure(runner, tmp_path):
+    """A tree without runner/patches/ (a cross-compile's own) would split Qwen's pre-tokenizer with GPT-2's regex."""
+    import executorch
+
+    sdist = cpp_runner.tokenizers_source().parent / cpp_runner.TOKENIZERS.filename
+    shutil.copy2(sdist, tmp_path)
+    cpp_runner.TOKENIZERS.extract(tmp_path, "", tmp_path / "plain")
+    done = subprocess.run(["cmake", "-S", str(cpp_runner.SOURCES), "-B", str(tmp_path / "build"),
+                           f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}",
+                           f"-DDFLASH_TOKENIZERS_SOURCE={tmp_path / 'plain'}"], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert ("does not read ByteLevel's use_regex; apply runner/patches/pytorch-tokenizers-1.0.1.patch"
+            in " ".join(done.stderr.split()))
 
 
 def test_a_failed_tokenizers_download_says_where_to_put_the_file(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig, PreTrainedModel,
                           PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config,
                           Qwen3ForCausalLM)
@@ -73,11 +73,14 @@ FAMILIES = ("qwen3", "gemma4", "qwen3_5")
 
 
 def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_END, pad: str = ENDOFTEXT,
-                    chat_template: str = CHAT_TEMPLATE, vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """A byte-level BPE (like Qwen's) trained on the project's corpus, so any text round-trips. The
-    defaults make the built-in target's; tests make other families' (other special tokens, no mask)."""
+                    chat_template: str = CHAT_TEMPLATE, vocab_size: int = VOCAB_SIZE,
+                    split: str | None = None) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on the project's corpus, so any text round-trips. The defaults make the built-in
+    target's (GPT-2's split); tests make other families' (other special tokens, no mask, or `split`: a regex that
+    splits the text instead, byte-level coding it whole, as Qwen's and Llama 3's tokenizers do)."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False) if split is None else pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,

@@ -11,6 +11,7 @@ same algorithm; its seeded generator is its own, so a seed gives other tokens th
 """
 
 import ctypes
+import hashlib
 import json
 import math
 import shutil
@@ -36,12 +37,27 @@ TOKENIZERS = Sdist("pytorch-tokenizers", "1.0.1", "19938c0efd5348fb0589610094c1c
                    "the tokenizers library's source")
 
 
+PATCH = SOURCES / "patches" / f"pytorch-tokenizers-{TOKENIZERS.version}.patch"  # use_regex, string merges, NFC, quiet RE2
+
+
 def tokenizers_source(cache: Path | None = None) -> Path:
-    """The tokenizers library's source tree, downloaded from PyPI and checked against the pinned hash on first use."""
+    """The tokenizers library's source tree with runner/patches/ applied, downloaded from PyPI and checked against
+    the pinned hash on first use; a tree of its own per patch, so a changed patch never meets an old build."""
     root = (cache or cache_dir()) / f"pytorch-tokenizers-{TOKENIZERS.version}"
-    if not (root / "src" / "src" / "hf_tokenizer.cpp").is_file():
-        TOKENIZERS.extract(root, "", root / "src")
-    return root / "src"
+    tree = root / f"src-{hashlib.sha256(PATCH.read_bytes()).hexdigest()[:12]}"
+    if not (tree / "src" / "hf_tokenizer.cpp").is_file():
+        if shutil.which("patch") is None:
+            raise UserError("the `patch` command is not installed; the C++ runner's tokenizer needs it "
+                            "(Debian: apt install patch)")
+        staged = root / ".staged"
+        TOKENIZERS.extract(root, "", staged)
+        with PATCH.open("rb") as diff:
+            done = subprocess.run(["patch", "-p1", "--batch", "-d", str(staged)], stdin=diff, capture_output=True)
+        if done.returncode:
+            why = " ".join(done.stdout.decode().split())  # one line
+            raise UserError(f"{PATCH} does not apply to {TOKENIZERS.filename}: {why}")
+        staged.replace(tree)
+    return tree
 
 
 def build_runner(build_dir: Path = BUILD) -> Path:

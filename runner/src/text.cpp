@@ -1,13 +1,16 @@
 #include "text.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
-#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 #include <pytorch/tokenizers/hf_tokenizer.h>
+#include <unicode.h>
 
+#include "nfc_table.h"
 #include "programs.h"
 
 namespace dflash {
@@ -29,16 +32,9 @@ json read_json(const std::string& path, const std::string& missing) {
   }
 }
 
-// Whether the tokenizers library reads ByteLevel's use_regex (1.0.1, the pinned sdist, does not: it always splits
-// with the GPT-2 pattern; later sources do).
-template <typename Config, typename = void>
-struct reads_use_regex : std::false_type {};
-template <typename Config>
-struct reads_use_regex<Config, std::void_t<decltype(std::declval<Config>().use_regex)>> : std::true_type {};
-
-// What HFTokenizer would read otherwise than Hugging Face's tokenizers, silently: ByteLevel without the regex
-// (unless it reads use_regex), merges as strings (it reads pairs), added tokens that strip the spaces around them
-// (it matches them as they are), a normalizer or decoder it does not know (it drops them). Empty when none.
+// What HFTokenizer would read otherwise than Hugging Face's tokenizers, silently: added tokens that strip the spaces
+// around them (it matches them as they are), a normalizer or decoder it does not know (it drops them). Empty when
+// none. (ByteLevel's use_regex and merges written as strings it reads with runner/patches/ applied.)
 std::string unsupported(const json& t) {
   for (const auto& added : t.value("added_tokens", json::array())) {
     if (added.value("lstrip", false) || added.value("rstrip", false) || added.value("single_word", false)) {
@@ -47,17 +43,6 @@ std::string unsupported(const json& t) {
   }
   const json& model = t.value("model", json::object());
   if (model.value("type", "") != "BPE") return "a " + model.value("type", std::string("model-less")) + " model, not BPE";
-  const json& merges = model.value("merges", json::array());
-  if (!merges.empty() && !merges[0].is_array()) return "merges written as strings (older tokenizers), not pairs";
-  std::vector<json> parts{t.value("pre_tokenizer", json())};
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].is_object() && parts[i].value("type", "") == "Sequence") {
-      for (const auto& p : parts[i].value("pretokenizers", json::array())) parts.push_back(p);
-    } else if (!reads_use_regex<tokenizers::PreTokenizerConfig>::value && parts[i].is_object() &&
-               parts[i].value("type", "") == "ByteLevel" && !parts[i].value("use_regex", true)) {
-      return "a ByteLevel pre-tokenizer with use_regex=false (as Qwen's and Llama 3's)";
-    }
-  }
   for (const char* step : {"normalizer", "decoder"}) {
     const bool decoder = std::string(step) == "decoder";
     const std::set<std::string> known = decoder ? std::set<std::string>{"ByteLevel", "Replace", "ByteFallback", "Fuse"}
@@ -116,6 +101,28 @@ size_t utf8(const std::string& b, std::string& out, bool last) {
   return i;
 }
 
+// Whether tokenizer.json's normalizer (or one in its Sequence) is NFC.
+bool normalizes_to_nfc(const json& t) {
+  std::vector<json> steps{t.value("normalizer", json())};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].is_object()) continue;
+    if (steps[i].value("type", "") == "NFC") return true;
+    for (const auto& s : steps[i].value("normalizers", json::array())) steps.push_back(s);
+  }
+  return false;
+}
+
+// The first code point of `text` that NFC might change (nfc_table.h), or -1: text without one is its own NFC form.
+int64_t not_surely_nfc(const std::string& text) {
+  for (const uint32_t cp : unicode_cpts_from_utf8(text)) {
+    const auto* end = std::end(kNotSurelyNfc);
+    const auto* it = std::upper_bound(std::begin(kNotSurelyNfc), end, cp,
+                                      [](uint32_t c, const std::pair<uint32_t, uint32_t>& r) { return c < r.first; });
+    if (it != std::begin(kNotSurelyNfc) && cp <= (it - 1)->second) return cp;
+  }
+  return -1;
+}
+
 }  // namespace
 
 Text::Text(const std::string& dir) : tokenizer_(std::make_unique<tokenizers::HFTokenizer>()) {
@@ -125,6 +132,7 @@ Text::Text(const std::string& dir) : tokenizer_(std::make_unique<tokenizers::HFT
     throw UserError(path + " has " + why + ", which the C++ tokenizer (pytorch-tokenizers' HFTokenizer) would not "
                     "read as Hugging Face's does" + kPromptIds);
   }
+  nfc_ = normalizes_to_nfc(config);
   for (const auto& added : config.value("added_tokens", json::array())) {
     if (added.value("special", false)) special_.insert(added.at("id").get<int64_t>());
   }
@@ -143,6 +151,13 @@ Text::Text(const std::string& dir) : tokenizer_(std::make_unique<tokenizers::HFT
 Text::~Text() = default;
 
 std::vector<int64_t> Text::prompt(const std::string& message) const {
+  if (const int64_t cp = nfc_ ? not_surely_nfc(prefix_ + message + suffix_) : -1; cp >= 0) {
+    char name[16];
+    std::snprintf(name, sizeof name, "U+%04llX", static_cast<unsigned long long>(cp));
+    throw UserError(std::string("the prompt has ") + name + ", which the tokenizer's NFC normalization may change and "
+                    "the C++ tokenizer cannot normalize; give the text in NFC form (unicodedata.normalize) or "
+                    "--prompt-ids instead");
+  }
   const auto encoded = tokenizer_->encode(prefix_ + message + suffix_, 0, 0);
   if (!encoded.ok()) throw UserError("the C++ tokenizer cannot encode this prompt" + std::string(kPromptIds));
   std::vector<int64_t> ids = before_;

@@ -35,6 +35,7 @@ class Text {
   std::set<int64_t> special_;  // tokenizer.json's added tokens marked special: what skip_special_tokens skips
   std::string prefix_, suffix_;
   std::vector<int64_t> before_, after_;
+  bool nfc_ = false;  // tokenizer.json normalizes to NFC, which the tokenizer leaves to the text (nfc_table.h)
 };
 
 // The reply's text as it grows: `add` returns what can be printed now (whole characters), `finish` the rest,

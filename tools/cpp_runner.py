@@ -1,4 +1,4 @@
-"""The C++ runner's figures in the README: its attention kernel against ExecuTorch's, and its peak
+"""The C++ runner's figures in docs/measurements.md: its attention kernel against ExecuTorch's, and its peak
 resident memory with the weights in each program vs one shared.ptd loaded once.
 
     python -m tools.cpp_runner PROGRAMS [SHARED_PROGRAMS]

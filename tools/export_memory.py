@@ -5,7 +5,7 @@
 Writes a synthetic checkpoint in Gemma 4 31B's layout (bf16 safetensors shards, tied 262144-row
 embedding, five sliding layers then one full layer with K = V; about 1B parameters by default) and a
 one-layer draft for it, then exports the target once per setting, each in a fresh process, and prints
-the peak RSS each recorded in its memory report (the export stage's `reports/export_target.json`). Nothing here is a pipeline stage: it is how the README's
+the peak RSS each recorded in its memory report (the export stage's `reports/export_target.json`). Nothing here is a pipeline stage: it is how docs/measurements.md's
 memory figures were measured.
 """
 

@@ -1,5 +1,5 @@
 """DFlash at temperature: tau and speedup over plain sampling, for both proposal modes, beside greedy.
-The measurement behind `bench.proposals`' default and the README's sampling figures.
+The measurement behind `bench.proposals`' default and the sampling figures in docs/measurements.md.
 
     python -m tools.sampling_bench PROGRAMS_DIR [--num-prompts 30] [--repeats 2] [--block-size 16]
 

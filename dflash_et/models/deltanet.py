@@ -17,7 +17,7 @@ loop does this).
 Why replay and not per-position states: keeping the state after every verified token costs a full
 state per token (Qwen3.5-4B: 2 MiB per layer, 32 MiB per layer for a 16-token verify, 768 MiB over its
 24 DeltaNet layers), written every call; the replay keeps 64 KiB of inputs per token and layer and
-reruns the recurrence over them. Measured at Qwen3.5-4B's shapes: README, "Hybrid targets".
+reruns the recurrence over them. Measured at Qwen3.5-4B's shapes: docs/measurements.md.
 
 `cache` picks the recurrence like the attention backends: `llama` is ExecuTorch's fused
 `llama::gated_delta_rule` (what the programs call), `dense` the same recurrence in plain torch (the

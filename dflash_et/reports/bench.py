@@ -57,7 +57,7 @@ PLOT_COLUMNS = {"acceptance": ("accepted", "rounds"), "speedup_by_block": ("bloc
                 "tokens_per_s": ("category", "mode", "tokens_per_s")}  # the plots dvc.yaml declares
 
 
-def _throughput(runs: list[Generation]) -> float:
+def throughput(runs: list[Generation]) -> float:
     tokens = sum(len(g.tokens) - 1 for g in runs)
     seconds = sum(g.decode_s for g in runs)
     return tokens / seconds if seconds > 0 else 0.0
@@ -128,8 +128,8 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         return [g for per_repeat in runs[mode] for c, gs in per_repeat.items() if category in (None, c) for g in gs]
 
     def speedup(mode: str, category: str | None = None) -> float:
-        ar = _throughput(pooled("ar", category))
-        return _throughput(pooled(mode, category)) / ar if ar else 0.0
+        ar = throughput(pooled("ar", category))
+        return throughput(pooled(mode, category)) / ar if ar else 0.0
 
     def mean_verify_tokens(category: str | None = None) -> float:
         return statistics.fmean(r.proposed + 1 for g in pooled(AUTO, category) for r in g.rounds)
@@ -145,15 +145,15 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         for repeat in range(config.repeats):
             def of(m: str) -> list[Generation]:
                 return [g for c, gs in runs[m][repeat].items() if category in (None, c) for g in gs]
-            ar = _throughput(of("ar"))
-            per_repeat.append(_throughput(of(mode)) / ar if ar else 0.0)
+            ar = throughput(of("ar"))
+            per_repeat.append(throughput(of(mode)) / ar if ar else 0.0)
         return [min(per_repeat), max(per_repeat)]
 
     main_runs = pooled(headline)
     rounds = [r for g in main_runs for r in g.rounds]
     drafted = [r for r in rounds if r.drafted]
     histogram = Counter(r.accepted for r in drafted)
-    ar_tps, df_tps = _throughput(pooled("ar")), _throughput(main_runs)
+    ar_tps, df_tps = throughput(pooled("ar")), throughput(main_runs)
     ar_rounds = [r for g in pooled("ar") for r in g.rounds]
     metrics = {
         "block_size": block_size,
@@ -197,7 +197,7 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
                         "draft_ms_start": curve.draft(t, start) if t > 1 else 0.0,
                         "target_ms_end": curve.target(t, end), "draft_ms_end": curve.draft(t, end) if t > 1 else 0.0}
                        for t in range(1, decoder.max_block_size + 1)],
-        "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": _throughput(pooled(mode, c))}
+        "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": throughput(pooled(mode, c))}
                          for c in categories for mode in runs],
     }
     if cpp:

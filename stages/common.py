@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from dflash_et.progress import show_progress
+
 PARAMS = Path("params.yaml")
 
 
@@ -30,6 +32,7 @@ def prompt_set(target: str) -> str:
 def run(main: Callable[[list[str]], None]) -> None:
     """Run a stage on its command-line arguments; a user error becomes `error: ...` on stderr and exit
     status 1, not a traceback."""
+    show_progress()
     try:
         main(sys.argv[1:])
     except ValueError as e:  # UserError and the library's own ValueErrors

@@ -9,6 +9,7 @@ draft's method too, as upstream's DFlash example does, storing the weights they 
 
 import copy
 import json
+import logging
 import resource
 import time
 from contextlib import contextmanager
@@ -31,6 +32,8 @@ from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("xnnpack", "portable", "mlx")
 CACHE_OF_BACKEND = {"xnnpack": "llama", "portable": "llama", "mlx": "mlx"}  # models.attention.CACHES
@@ -56,7 +59,7 @@ QUANTIZE: dict[str, Quantization | None] = {
 }
 MLX_GROUP_SIZES = (32, 64, 128)  # MLX's quantized kernels exist for these group sizes only
 # Sliding-window layers of the target: a ring buffer of window + longest call - 1 rows (llama ops; MLX keeps
-# full length), or a full-length cache under a window mask. Measured in the README: at long positions the
+# full length), or a full-length cache under a window mask. Measured in docs/measurements.md: at long positions the
 # ring is faster, since the masked kernel attends over every row.
 SLIDING_CACHES = ("ring", "full")
 # The draft's head multiplies its whole vocabulary for every block position: at fp32 on XNNPACK most of a draft
@@ -361,7 +364,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         write_json(out_dir / "export.json", summary)
         if memory_report is not None:
             write_json(memory_report, {})
-        print(f"[export] {kind}: not a program of export.layout={config.layout}", flush=True)
+        logger.info(f"{kind}: not a program of export.layout={config.layout}")
         return summary
     t0 = time.perf_counter()
     settings = draft_settings(load_config(draft_dir))
@@ -381,7 +384,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     for model in models.values():
         quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
     meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings)
-    print(f"[export] lowering {kind} to {config.backend} ({config.quantize}) ...", flush=True)
+    logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
     program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -398,9 +401,9 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     memory = peak_memory(*models.values())
     if memory_report is not None:
         write_json(memory_report, memory)
-    print(f"[export] {pte.name} {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} "
-          f"portable ops, peak RSS {memory['peak_rss_bytes'] / 2**30:.2f} GiB ({memory['peak_bytes_per_parameter']:.2f} "
-          f"bytes per parameter), {time.perf_counter() - t0:.0f} s", flush=True)
+    logger.info(f"{pte.name} {summary['bytes'] / 1e6:.1f} MB, {ops['delegated']} delegated / {ops['portable']} "
+                f"portable ops, peak RSS {memory['peak_rss_bytes'] / 2**30:.2f} GiB ({memory['peak_bytes_per_parameter']:.2f} "
+                f"bytes per parameter), {time.perf_counter() - t0:.0f} s")
     return summary | {"memory": memory}
 
 

@@ -10,6 +10,7 @@ Conversion needs only the source, so a checkpoint llama.cpp refuses costs no bui
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from dflash_et.errors import UserError
 from dflash_et.sources import Sdist, cache_dir
+
+logger = logging.getLogger(__name__)
 
 VERSION = "11434.0.0"
 BINARIES = ("llama-server", "llama-bench", "llama-quantize")  # what the peer bench runs; nothing else is built
@@ -98,8 +101,8 @@ class LlamaCpp:
         build = self.build_dir
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         log = self.root / "build.log"
-        print(f"[peer] building llama.cpp {VERSION} ({', '.join(BINARIES)}; the first time takes tens of minutes "
-              f"on 2 cores; log: {log})", flush=True)
+        logger.info(f"building llama.cpp {VERSION} ({', '.join(BINARIES)}; the first time takes tens of minutes "
+                    f"on 2 cores; log: {log})")
         with log.open("a") as out:
             for command in (["cmake", "-S", str(self.src), "-B", str(build), *generator, *CMAKE_FLAGS],
                             ["cmake", "--build", str(build), "--target", *BINARIES, "-j", str(os.cpu_count() or 1)]):

@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 runner: setup
-	python -m dflash_et.runtime.cpp_runner
+	python -m runner.toolchain
 
 repro: setup
 	dvc repro

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from dflash_et.runtime.adaptive import AUTO
-from dflash_et.runtime.cpp_runner import RUNNERS, CppEngine
-from dflash_et.runtime.engine import BlockSize, Engine
+from dflash_et.runtime.adaptive import AUTO, plans
+from dflash_et.runtime.decoder import RUNNERS, Decoder, open_decoder
+from dflash_et.runtime.engine import BlockSize
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 from dflash_et.errors import UserError
 from dflash_et.data.prompts import encode_chat, tokenizer
@@ -89,12 +89,9 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
     args.block_size = args.block_size or AUTO
-    if args.runner == "cpp":
-        engine = CppEngine(args.programs, cost_curve=args.cost_curve)
-    else:
-        engine = Engine(args.programs, args.cost_curve)
+    engine = open_decoder(args.programs, args.runner, args.cost_curve)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
-    if args.block_size == AUTO and not args.ar and settings.greedy:  # sampled, auto keeps the largest block
+    if not args.ar and plans(args.block_size, settings.greedy):
         engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     if args.sample and settings.greedy:
         print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "
@@ -107,7 +104,7 @@ def generate(args: argparse.Namespace) -> None:
         complete(args, engine, Sampler(replace(settings, seed=settings.seed + i)), tok, prompt)
 
 
-def complete(args: argparse.Namespace, engine: Engine | CppEngine, sampler: Sampler, tok: PreTrainedTokenizerBase,
+def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: PreTrainedTokenizerBase,
              prompt: list[int]) -> None:
     """One completion, streamed as text (or printed as one JSON line)."""
     emitted: list[int] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dflash_et.files import write_csv, write_json
 from dflash_et.reports.bench import PLOT_COLUMNS, BenchConfig, run_bench
-from dflash_et.runtime.cpp_runner import build_runner
+from runner.toolchain import build_runner
 from stages.common import params, run
 
 

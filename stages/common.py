@@ -3,13 +3,12 @@
 Paths are not here: dvc.yaml declares them once and passes them to each command.
 """
 
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-
-from dflash_et.progress import show_progress
 
 PARAMS = Path("params.yaml")
 
@@ -27,6 +26,17 @@ def prompt_set(target: str) -> str:
     """`auto`: the built-in targets know only the project's corpus (`builtin`); any other target is a real
     assistant and gets the assistant prompt set (dflash_et/data/assistant_prompts.jsonl)."""
     return "builtin" if target.startswith("builtin") else "assistant"
+
+
+def show_progress() -> None:
+    """The library reports progress through `logging` (a long export, llama.cpp's first build); a stage shows
+    dflash_et's INFO lines on stdout, tagged with their module (`[lower] lowering target ...`)."""
+    log = logging.getLogger("dflash_et")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[%(module)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 def run(main: Callable[[list[str]], None]) -> None:

@@ -318,7 +318,7 @@ def runner(tmp_path_factory) -> Path:
     """dflash_runner, built once per test run (by the first worker to ask) as `make runner` builds it."""
     from filelock import FileLock
 
-    from dflash_et.runtime.cpp_runner import build_runner
+    from runner.toolchain import build_runner
 
     with FileLock(str(tmp_path_factory.getbasetemp().parent / "runner-build.lock")):
         return build_runner()

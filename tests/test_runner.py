@@ -19,7 +19,8 @@ from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
 from dflash_et.errors import ProgramError, UserError
 from dflash_et.runtime.adaptive import AdaptivePlanner, CostCurve
 from dflash_et.runtime.adaptive import confidence as adaptive_confidence
-from dflash_et.runtime.cpp_runner import CppEngine, CppPlanner, LlamaKernels
+from dflash_et.runtime.cpp_runner import CppEngine
+from runner.bindings import CppPlanner, LlamaKernels
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -429,21 +430,60 @@ def test_bench_with_the_cpp_runner(programs, runner):
         run_bench(programs, 99, BenchConfig(runner="cpp"))
 
 
+def test_the_runner_is_found_in_the_clone_a_command_runs_in(tmp_path, monkeypatch):
+    """A second clone with the package installed from the first finds its own build (`make runner` there);
+    $DFLASH_RUNNER wins, an installed one on PATH comes last, and none is one line."""
+    from dflash_et.runtime import cpp_runner
+
+    clone, elsewhere, bin_dir = tmp_path / "clone", tmp_path / "elsewhere", tmp_path / "bin"
+    for d in (clone / "runner" / "build", elsewhere, bin_dir):
+        d.mkdir(parents=True)
+    (clone / cpp_runner.BINARY).write_text("")
+    monkeypatch.delenv("DFLASH_RUNNER", raising=False)
+    monkeypatch.setattr(cpp_runner, "PACKAGE_CLONE", elsewhere)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.chdir(clone)
+    assert cpp_runner.find_runner() == clone / cpp_runner.BINARY
+    monkeypatch.setenv("DFLASH_RUNNER", str(tmp_path / "mine"))
+    assert cpp_runner.find_runner() == tmp_path / "mine"
+    monkeypatch.delenv("DFLASH_RUNNER")
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(UserError, match=r"^the C\+\+ runner is not built \(no runner/build/dflash_runner here or in "
+                                        rf"{elsewhere}, none on PATH, DFLASH_RUNNER unset\); run `make runner`$"):
+        cpp_runner.find_runner()
+    installed = bin_dir / "dflash_runner"
+    installed.write_text("")
+    installed.chmod(0o755)
+    assert cpp_runner.find_runner() == installed
+
+
+def test_one_seam_opens_either_decoder(programs, runner):
+    from dflash_et.runtime.decoder import Decoder, open_decoder
+
+    members = [m for m in dir(Decoder) if not m.startswith("_") or m in ("__enter__", "__exit__")]
+    for name in ("python", "cpp"):
+        with open_decoder(programs, name) as decoder:
+            assert all(hasattr(decoder, m) for m in members + list(Decoder.__annotations__))
+            assert isinstance(decoder, CppEngine) == (name == "cpp")
+    with pytest.raises(UserError, match="^the runner must be one of python, cpp, got 'rust'$"):
+        open_decoder(programs, "rust")
+
+
 def test_building_and_finding_the_runner_fail_in_one_line(programs, tmp_path, monkeypatch):
     """What `make runner` and `--runner cpp` say when the runner cannot be built or was not."""
-    from dflash_et.runtime import cpp_runner
+    from runner import toolchain
 
     with pytest.raises(UserError, match=r"the C\+\+ runner is not built .*; run `make runner`"):
         CppEngine(programs, tmp_path / "dflash_runner")
-    monkeypatch.setattr(cpp_runner, "SOURCES", tmp_path / "nowhere")
+    monkeypatch.setattr(toolchain, "SOURCES", tmp_path / "nowhere")
     with pytest.raises(UserError, match="the runner's sources are not in .*nowhere; build it from a clone"):
-        cpp_runner.build_runner(tmp_path / "build")
+        toolchain.build_runner(tmp_path / "build")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.19)\nproject(broken CXX)\nthis_is_not_cmake()\n")
-    monkeypatch.setattr(cpp_runner, "SOURCES", broken)
+    monkeypatch.setattr(toolchain, "SOURCES", broken)
     with pytest.raises(UserError, match=r"building the C\+\+ runner failed \(`cmake -S`\); its output is in .*build.log"):
-        cpp_runner.build_runner(tmp_path / "build")
-    monkeypatch.setattr(cpp_runner.shutil, "which", lambda name: None)
+        toolchain.build_runner(tmp_path / "build")
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
     with pytest.raises(UserError, match="cmake is not installed; the C.. runner needs cmake >= 3.19"):
-        cpp_runner.build_runner(tmp_path / "build")
+        toolchain.build_runner(tmp_path / "build")

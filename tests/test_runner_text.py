@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from dflash_et import cli
 from dflash_et.data.prompts import ChatFormat, chat_format, encode_chat, tokenizer
 from dflash_et.errors import UserError
-from dflash_et.runtime import cpp_runner
+from runner import toolchain
 from tests.conftest import REPO
 from tests.test_runner import assert_one_line_error, run_binary
 
@@ -229,10 +229,10 @@ def test_an_unpatched_tokenizers_tree_is_refused_at_configure(runner, tmp_path):
     """A tree without runner/patches/ (a cross-compile's own) would split Qwen's pre-tokenizer with GPT-2's regex."""
     import executorch
 
-    sdist = cpp_runner.tokenizers_source().parent / cpp_runner.TOKENIZERS.filename
+    sdist = toolchain.tokenizers_source().parent / toolchain.TOKENIZERS.filename
     shutil.copy2(sdist, tmp_path)
-    cpp_runner.TOKENIZERS.extract(tmp_path, "", tmp_path / "plain")
-    done = subprocess.run(["cmake", "-S", str(cpp_runner.SOURCES), "-B", str(tmp_path / "build"),
+    toolchain.TOKENIZERS.extract(tmp_path, "", tmp_path / "plain")
+    done = subprocess.run(["cmake", "-S", str(toolchain.SOURCES), "-B", str(tmp_path / "build"),
                            f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}",
                            f"-DDFLASH_TOKENIZERS_SOURCE={tmp_path / 'plain'}"], capture_output=True, text=True)
     assert done.returncode != 0
@@ -250,7 +250,7 @@ def test_a_failed_tokenizers_download_says_where_to_put_the_file(tmp_path, monke
     with pytest.raises(UserError, match=rf"^downloading the tokenizers library's source \(pytorch_tokenizers-1.0.1"
                                         rf"\.tar\.gz\) from PyPI failed: no route to host; check the connection to "
                                         rf"pypi.org, or place the file in {tmp_path}/pytorch-tokenizers-1.0.1$"):
-        cpp_runner.tokenizers_source(tmp_path)
+        toolchain.tokenizers_source(tmp_path)
 
 
 def test_streamed_text_waits_for_whole_characters(pair, capsys):

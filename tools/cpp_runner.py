@@ -14,7 +14,8 @@ call outside a program (it then allocates its own scratch); filter those lines o
 import argparse
 from pathlib import Path
 
-from dflash_et.runtime.cpp_runner import CppEngine, LlamaKernels  # first: it sets OMP_NUM_THREADS before torch loads
+from dflash_et.runtime.cpp_runner import CppEngine  # first: it sets OMP_NUM_THREADS before torch loads
+from runner.bindings import LlamaKernels
 from dflash_et.runtime.programs import load_programs
 from tools.timing import median_ms
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dflash_et.runtime.adaptive import AUTO, CostCurve
-from dflash_et.runtime.cpp_runner import RUNNERS, CppEngine
-from dflash_et.runtime.engine import BlockSize, Engine
+from dflash_et.runtime.decoder import RUNNERS, open_decoder
+from dflash_et.runtime.engine import BlockSize
 from dflash_et.runtime.generate import Generation, pooled_tau
 from dflash_et.runtime.programs import missing_backend
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -83,7 +83,6 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     settings = config.sampling()  # first: bad settings or prompt source fail before any load
     if config.runner not in RUNNERS:
         raise ValueError(f"bench.runner must be one of {', '.join(RUNNERS)}, got {config.runner!r}")
-    cpp = config.runner == "cpp"
     if any(b < 2 for b in config.block_sizes):
         raise ValueError(f"bench.block_sizes must all be at least 2 (one anchor + one proposal), got {list(config.block_sizes)}")
     rows = load_prompts(config.prompts, config.num_prompts)
@@ -92,7 +91,7 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
     skipped = missing_backend(programs_dir)
     if skipped:
         return {"block_size": block_size, "skipped": skipped}, {name: [] for name in PLOT_COLUMNS}, None
-    decoder = CppEngine(programs_dir) if cpp else Engine(programs_dir)  # the programs, loaded once
+    decoder = open_decoder(programs_dir, config.runner)  # the programs, loaded once
     headline = str(decoder.check_block_size(block_size))
     settings = settings or decoder.recommended(proposals=config.proposals, seed=config.seed)
     fixed, too_large = _blocks(config, block_size, decoder.max_block_size)
@@ -200,6 +199,5 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": throughput(pooled(mode, c))}
                          for c in categories for mode in runs],
     }
-    if cpp:
-        decoder.close()
+    decoder.close()
     return metrics, plots, curve

@@ -39,6 +39,13 @@ from dflash_et.runtime.sampling import Sampler, argmax
 AUTO = "auto"  # block_size: auto
 
 
+def plans(block_size: int | str, greedy: bool) -> bool:
+    """Whether a generation at `block_size` is planned round by round. Sampled, auto keeps the largest block: its
+    choices (device timings, what it learned) would decide which random draws a round makes, and a seed must
+    give the same tokens on every run. (runner/src/decode.cpp keeps the same rule.)"""
+    return block_size == AUTO and greedy
+
+
 @dataclass
 class CostCurve:
     """Milliseconds per program call on one device, at a few cache positions (interpolated between)."""

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dflash_et.errors import ProgramError
-from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, CostCurve, measure_cost_curve
+from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, CostCurve, measure_cost_curve, plans
 from dflash_et.runtime.generate import Generation, OnTokens, generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -91,9 +91,16 @@ class Engine:
         at a fixed block (default: the largest draft.pte takes) or `auto`."""
         block_size = self.check_block_size(block_size or self.max_block_size)
         sampler = sampler or Sampler()
-        # Sampled, auto keeps the largest block: its choices (device timings, what it learned) would decide
-        # which random draws a round makes, and a seed must give the same tokens on every run.
-        planner = self.planner() if block_size == AUTO and sampler.sampling.greedy else None
+        planner = self.planner() if plans(block_size, sampler.sampling.greedy) else None
         return generate_dflash(self.target, self.draft, prompt, max_new_tokens, self.eos_ids, self.max_context_len,
                                self.chunk, self.max_block_size if block_size == AUTO else block_size, self.mask_token_id,
                                on_tokens, sampler, planner)
+
+    def close(self) -> None:
+        """Nothing to release (the programs go with the engine); here so that both engines close alike."""
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,4 +1,4 @@
-"""The built-in tiny targets (Qwen3, Gemma 4 or Qwen3.5 architecture) and a z-lab-layout DFlash draft.
+"""The built-in tiny targets (of each family with a `Builtin`: Qwen3, Gemma 4, Qwen3.5) and a z-lab-layout DFlash draft.
 
 Model hubs are not always reachable (CI, air-gapped build hosts), yet every stage must run
 end to end. So the project writes its own pair, deterministically (fixed seeds, fixed
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig, PreTrainedModel,
-                          PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
-from dflash_et.checkpoints import zlab
+from dflash_et.checkpoints import families, zlab
+# Gemma 4's built-in tokenizer, still named here for the tests and tools that build one
+from dflash_et.checkpoints.families.gemma4 import CHAT_TEMPLATE as GEMMA_CHAT_TEMPLATE  # noqa: F401
+from dflash_et.checkpoints.families.gemma4 import SPECIAL_TOKENS as GEMMA_SPECIAL_TOKENS  # noqa: F401
 from dflash_et.checkpoints.load import eos_ids
 from dflash_et.data.corpus import samples
 from dflash_et.threads import all_cores
@@ -39,37 +40,13 @@ CHAT_TEMPLATE = (
     "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
 
-TARGET_SHAPE = dict(
-    hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
-    num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-6,
-)
+DEFAULT_FAMILY = "qwen3"  # the built-in pair's target; the others are targets only (see families/)
+TARGET_SHAPE = families.REGISTRY[DEFAULT_FAMILY].builtin.shape
 DRAFT_LAYERS = 2
 DRAFT_BLOCK_SIZE = 16
-
-# Gemma 4 31B's layout in small: its special tokens where Gemma keeps them (`<mask>` is 4, the mask
-# token z-lab's Gemma 4 draft uses), its turn markers, five sliding layers then one full layer with K = V,
-# softcapped logits, tied embeddings. The window (32) is shorter than a prompt plus reply, so the
-# pipeline's programs run past it.
-GEMMA_SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
-GEMMA_CHAT_TEMPLATE = (
-    "<bos>{% for message in messages %}<start_of_turn>"
-    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n{{ message['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
-GEMMA_SHAPE = dict(
-    hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=64, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=32,
-    layer_types=["sliding_attention"] * 5 + ["full_attention"], hidden_size_per_layer_input=0,
-    final_logit_softcapping=30.0, max_position_embeddings=4096, rms_norm_eps=1e-6,
-)
-# Qwen3.5 (hybrid) in small: three Gated DeltaNet layers to one gated full-attention layer, twice as many
-# value heads as key heads, partial rotary (a quarter of the head), zero-centred norms, as Qwen3.5-4B.
-QWEN3_5_SHAPE = dict(
-    hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-    head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
-    linear_conv_kernel_dim=4, full_attention_interval=4, max_position_embeddings=4096, rms_norm_eps=1e-6,
-)
-FAMILIES = ("qwen3", "gemma4", "qwen3_5")
+FAMILIES = tuple(families.builtins())  # write_target's families
+# fetch's names for the other families' built-in targets (model.target: builtin-gemma, ...)
+TARGET_SOURCES = {f.builtin.source: name for name, f in families.builtins().items() if f.builtin.source}
 
 
 def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_END, pad: str = ENDOFTEXT,
@@ -94,46 +71,24 @@ def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_EN
     )
 
 
-def _new_target(family: str, shape: dict | None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, list[int]]:
-    """An untrained target of `family`, its tokenizer and EOS ids (the end of a turn and of the text)."""
-    if family == "gemma4":
-        tokenizer = build_tokenizer(GEMMA_SPECIAL_TOKENS, "<end_of_turn>", "<pad>", GEMMA_CHAT_TEMPLATE)
-        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA_SPECIAL_TOKENS}
-        eos = [ids["<end_of_turn>"], ids["<eos>"]]
-        config = Gemma4TextConfig(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, pad_token_id=ids["<pad>"],
-                                  bos_token_id=ids["<bos>"], eos_token_id=eos, dtype="float32",
-                                  **{**GEMMA_SHAPE, **(shape or {})})
-        model_cls = Gemma4ForCausalLM
-    elif family == "qwen3_5":
-        tokenizer = build_tokenizer()
-        eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
-        config = Qwen3_5TextConfig(
-            vocab_size=VOCAB_SIZE, tie_word_embeddings=True, pad_token_id=eos[1], bos_token_id=eos[1],
-            eos_token_id=eos[0], dtype="float32",
-            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-            **{**QWEN3_5_SHAPE, **(shape or {})})
-        model_cls = Qwen3_5ForCausalLM
-    else:
-        tokenizer = build_tokenizer()
-        eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
-        config = Qwen3Config(
-            vocab_size=VOCAB_SIZE, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-            bos_token_id=eos[1], eos_token_id=eos[0], dtype="float32", **{**TARGET_SHAPE, **(shape or {})},
-        )
-        model_cls = Qwen3ForCausalLM
+def _new_target(family: str, shape: dict | None) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, list[int], int]:
+    """An untrained target of `family`, its tokenizer, EOS ids (the end of a turn and of the text) and pad id."""
+    if family not in FAMILIES:
+        raise ValueError(f"no built-in target of family {family!r}; families with one: {FAMILIES}")
+    made = families.REGISTRY[family].builtin
+    tokenizer = build_tokenizer(**made.tokenizer)
+    config, eos, pad = made.config(tokenizer, {"vocab_size": VOCAB_SIZE, **made.shape, **(shape or {})})
     torch.manual_seed(SEED)
-    return model_cls(config), tokenizer, eos
+    return made.model(config), tokenizer, eos, pad
 
 
-# What the real families' generation_config.json recommend (Qwen3 with thinking off, as the built-in
-# chats are; Gemma 4), so the built-in targets carry sampling settings as real checkpoints do
-RECOMMENDED_SAMPLING = {"qwen3": dict(temperature=0.7, top_p=0.8, top_k=20),
-                        "gemma4": dict(temperature=1.0, top_p=0.95, top_k=64),
-                        "qwen3_5": dict(temperature=0.7, top_p=0.8, top_k=20)}
+# What the real families' generation_config.json recommend, so the built-in targets carry sampling settings as
+# real checkpoints do
+RECOMMENDED_SAMPLING = {name: f.builtin.sampling for name, f in families.builtins().items()}
 
 
 def write_target(out: Path, trained: bool = True, shape: dict | None = None, training: dict | None = None,
-                 family: str = "qwen3") -> None:
+                 family: str = DEFAULT_FAMILY) -> None:
     """Write a built-in target of `family` (see FAMILIES): config, generation config, safetensors, tokenizer.
 
     `trained`: the default built-in target is a small LM trained here on the project's corpus, so
@@ -141,10 +96,9 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
     weights in the same layout (seconds instead of minutes, for tests). `shape` and `training`
     override parts of the family's shape and TARGET_TRAINING (tests make a smaller trained target).
     """
-    model, tokenizer, eos = _new_target(family, shape)
+    model, tokenizer, eos, pad = _new_target(family, shape)
     if trained:
         train_target(model, tokenizer, {**TARGET_TRAINING, **(training or {})})
-    pad = model.config.bos_token_id if family != "gemma4" else model.config.pad_token_id
     model.generation_config = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos, pad_token_id=pad,
                                                do_sample=True, **RECOMMENDED_SAMPLING[family])
     model.save_pretrained(out)

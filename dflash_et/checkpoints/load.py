@@ -15,88 +15,44 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
-from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-from dflash_et.checkpoints import zlab
+from dflash_et.checkpoints import families, zlab
 from dflash_et.errors import CheckpointError
-from dflash_et.models.attention import AttentionSpec
 from dflash_et.models.block import ModelArgs
-from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.layers import ACTIVATIONS
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
 
-SUPPORTED_TARGETS = ("qwen3", "llama", "gemma4_text", "gemma4", "qwen3_5_text", "qwen3_5")
 FINGERPRINT = "fingerprint.json"  # written beside a fetched checkpoint (see checkpoint_id)
-# Gemma 4 features of the small (E2B/E4B) and MoE checkpoints the project does not build
-GEMMA_UNSUPPORTED = {"hidden_size_per_layer_input": "per-layer embeddings", "num_kv_shared_layers": "KV sharing",
-                     "enable_moe_block": "mixture-of-experts blocks", "use_double_wide_mlp": "double-wide MLPs"}
-
-
-def _gemma_spec(c: PretrainedConfig, i: int, causal: bool) -> AttentionSpec:
-    """Gemma 4 layer i: sliding layers and full layers differ in head dim, KV heads, K = V and RoPE."""
-    kind, layer = c.layer_types[i], c.per_layer_config[i]
-    full = kind == "full_attention"
-    return AttentionSpec(num_heads=c.num_attention_heads, num_kv_heads=layer.num_key_value_heads,
-                         head_dim=layer.head_dim, qk_norm=True, v_norm=True, bias=bool(c.attention_bias),
-                         causal=causal, window=None if full else c.sliding_window, scale=1.0,
-                         k_eq_v=bool(c.attention_k_eq_v) and full, rope=kind)
 
 
 def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:
-    """The stack's shape from a config; `layer_types` with `sliding_window` give per-layer windows.
+    """The stack's shape from a config, through its family (`checkpoints.families`); `layer_types` with
+    `sliding_window` give per-layer windows.
 
     `causal=None` is z-lab's rule for drafts: sliding layers are causal inside the block, full
     layers see the whole block (z-lab's Gemma 4 draft has both kinds)."""
     c = c.get_text_config()
-    gemma, qwen3_5 = c.model_type == "gemma4_text", c.model_type == "qwen3_5_text"
-    for key, feature in GEMMA_UNSUPPORTED.items() if gemma else ():
-        if getattr(c, key, None):
-            raise CheckpointError(f"Gemma 4 {feature} ({key}={getattr(c, key)}) are not supported; the 31B layout is")
+    family = families.family_of(c, "config")
+    family.refuse(c)
     layer_types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
-    window = getattr(c, "sliding_window", None)
     act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", "silu")
     if act not in ACTIVATIONS:
         raise CheckpointError(f"{c.model_type} config: activation {act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
-
-    def spec(i: int, kind: str) -> AttentionSpec | DeltaNetSpec:
-        if gemma:
-            return _gemma_spec(c, i, causal)
-        if kind == "linear_attention":
-            return DeltaNetSpec(c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
-                                c.linear_value_head_dim, c.linear_conv_kernel_dim)
-        return AttentionSpec(
-            num_heads=c.num_attention_heads,
-            num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            qk_norm=c.model_type in ("qwen3", "qwen3_5_text"), bias=bool(getattr(c, "attention_bias", False)),
-            causal=kind == "sliding_attention" if causal is None else causal,
-            window=window if kind == "sliding_attention" else None, output_gate=qwen3_5)
-
     return ModelArgs(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         rms_norm_eps=c.rms_norm_eps, mlp_bias=bool(getattr(c, "mlp_bias", False)),
         tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
-        layers=tuple(spec(i, kind) for i, kind in enumerate(layer_types[:c.num_hidden_layers])),
-        hidden_act=act, sandwich_norms=gemma, layer_scalar=gemma, embed_scale=c.hidden_size ** 0.5 if gemma else 1.0,
-        logit_softcap=getattr(c, "final_logit_softcapping", None), norm_offset=1.0 if qwen3_5 else 0.0)
+        layers=tuple(family.layer(c, i, kind, causal) for i, kind in enumerate(layer_types[:c.num_hidden_layers])),
+        hidden_act=act, logit_softcap=getattr(c, "final_logit_softcapping", None), **family.args(c))
 
 
 def rope_tables(config: PretrainedConfig, max_seq_len: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """cos/sin for positions 0..max_seq_len-1 from transformers' own RoPE code (llama3, yarn, Gemma 4's
-    proportional, Qwen3.5's partial rotary, ...): one table, or for Gemma 4 one per layer type (their head
-    dims and thetas differ). Qwen3.5's multimodal RoPE is plain RoPE for text: every axis at the same position."""
+    proportional, Qwen3.5's partial rotary, ...), as the config's family makes them: one table, or for
+    Gemma 4 one per layer type (their head dims and thetas differ)."""
     c = config.get_text_config()
-    positions = torch.arange(max_seq_len)[None]
-    x = torch.zeros(1, dtype=torch.float32)
-    if c.model_type == "gemma4_text":
-        rope = Gemma4TextRotaryEmbedding(c)
-        return {kind: tuple(t[0] for t in rope(x, positions, kind)) for kind in sorted(set(c.layer_types))}
-    rope = Qwen3_5TextRotaryEmbedding(c) if c.model_type == "qwen3_5_text" else LlamaRotaryEmbedding(c)
-    cos, sin = rope(x, positions)
-    return {"default": (cos[0], sin[0])}
+    return families.family_of(c, "config").rope(c, max_seq_len)
 
 
 def weight_files(ckpt: Path) -> list[Path]:
@@ -200,9 +156,9 @@ def recommended_sampling(target_dir: Path) -> dict:
 
 def load_config(ckpt: Path) -> PretrainedConfig:
     raw = json.loads((ckpt / "config.json").read_text())
-    if raw.get("model_type") == "gemma4" and "text_config" not in raw:  # transformers would default it silently
-        raise CheckpointError(f"{ckpt}/config.json: a gemma4 config without text_config; use the checkpoint's "
-                              "original config.json (or a gemma4_text one)")
+    family = families.claiming(raw.get("model_type"))
+    if family is not None:
+        family.refuse_json(raw, f"{ckpt}/config.json")
     return AutoConfig.from_pretrained(ckpt)
 
 
@@ -211,8 +167,7 @@ def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: in
     """The target's modules; `empty`: parameters and caches on the meta device (no memory) until loaded;
     `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens; `verify_call`: the
     longest call that may be kept in part (a verify; see models.deltanet)."""
-    if config.model_type not in SUPPORTED_TARGETS:
-        raise CheckpointError(f"target model_type {config.model_type!r} is not supported; use one of {SUPPORTED_TARGETS}")
+    families.family_of(config)  # refuses a model_type no family claims
     rope = rope_tables(config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
         return Target(model_args(config), rope, layer_ids, cache, ring_call, verify_call)

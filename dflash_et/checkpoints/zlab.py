@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoTokenizer, PretrainedConfig
 
+from dflash_et.checkpoints import families
 from dflash_et.errors import CheckpointError
 
 BORROWED = ("embed_tokens.weight", "lm_head.weight")  # the target's, never stored in a draft checkpoint
@@ -100,14 +101,11 @@ def choose_mask_token(target_dir: Path, vocab_size: int, eos: tuple[int, ...] | 
 
 
 def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: int) -> dict:
-    """A z-lab DFlash draft config.json for `target` (its config.json as a dict): same widths, own depth.
-
-    For a Gemma 4 target it is z-lab's Gemma 4 draft layout: sliding layers (twice the target's window)
-    then one full layer, RoPE theta of the target's full layers, logits softcapped like the target's.
-    """
-    target = target.get("text_config") or target  # Gemma 4's multimodal wrapper
+    """A z-lab DFlash draft config.json for `target` (its config.json as a dict): same widths, own depth,
+    then what the target's family changes in z-lab's layout for it (`Family.draft_layout`: Gemma 4's
+    sliding and full layers)."""
+    target = target.get("text_config") or target  # a multimodal wrapper's text model
     rope = target.get("rope_parameters") or {"rope_theta": target.get("rope_theta", 10000.0)}
-    rope = rope.get("full_attention", rope)  # Gemma 4: one RoPE per layer type
     head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
     config = {
         "architectures": ["DFlashDraftModel"],
@@ -121,15 +119,12 @@ def draft_config(target: dict, mask_token_id: int, num_layers: int, block_size: 
         "num_hidden_layers": num_layers, "num_attention_heads": target["num_attention_heads"],
         "num_key_value_heads": target.get("num_key_value_heads") or target["num_attention_heads"],
         "head_dim": head_dim, "vocab_size": target["vocab_size"], "rms_norm_eps": target["rms_norm_eps"],
-        "rope_theta": rope["rope_theta"], "rope_scaling": None,
+        "rope_theta": rope.get("rope_theta"), "rope_scaling": None,
         "max_position_embeddings": target["max_position_embeddings"], "attention_bias": False,
         "hidden_act": "silu", "tie_word_embeddings": False, "dtype": "float32",
     }
-    if target.get("model_type") == "gemma4_text":
-        config |= {"layer_types": ["sliding_attention"] * (num_layers - 1) + ["full_attention"],
-                   "use_sliding_window": True, "sliding_window": 2 * target["sliding_window"],
-                   "final_logit_softcapping": target.get("final_logit_softcapping")}
-    return config
+    family = families.claiming(target.get("model_type"))
+    return config | (family.draft_layout(target, num_layers) if family is not None else {})
 
 
 def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:

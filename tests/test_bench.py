@@ -92,3 +92,36 @@ def test_bench_without_prompts_fails_before_loading_anything(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="bench.prompts=.*empty.jsonl' has no prompts"):
         run_bench(tmp_path / "no-programs", 8, BenchConfig(prompts=str(tmp_path / "empty.jsonl")))
+
+
+def test_every_registered_metric_and_plot_reaches_bench_json_the_printout_and_the_csvs(programs, tmp_path, monkeypatch,
+                                                                                        capsys):
+    """bench.json, the stage's printout and the plot CSVs read one registry: what is registered there (a metric, a
+    line of the printout, a plot) comes out of the stage with no other change."""
+    import stages.bench
+    from dflash_et.reports import bench
+
+    def tokens_decoded(runs: bench.Runs) -> int:
+        return sum(len(g.tokens) - 1 for g in runs.pooled(runs.headline))
+
+    def tau_rows(runs: bench.Runs) -> list[dict]:
+        return [{"category": c, "tau": t} for c, t in bench.tau_by_category(runs).items()]
+
+    monkeypatch.setitem(bench.METRICS, "tokens_decoded", tokens_decoded)
+    monkeypatch.setattr(bench, "HEADLINE", (*bench.HEADLINE, ("tokens_decoded", "tau")))
+    monkeypatch.setitem(bench.PLOTS, "tau_by_category", (("category", "tau"), tau_rows))
+    monkeypatch.setattr(stages.bench, "params", lambda: {"block_size": "auto", "bench": {
+        "num_prompts": 3, "max_new_tokens": 8, "latency_repeats": 1, "block_sizes": [2, 32]}})
+    paths = [tmp_path / "bench.json", tmp_path / "plots", tmp_path / "cost_curve.json"]
+    capsys.readouterr()
+    stages.bench.main([str(programs), *map(str, paths)])
+    printed = capsys.readouterr().out
+    metrics = json.loads(paths[0].read_text())
+    assert list(metrics) == list(bench.METRICS)  # every metric (greedy, a block skipped: none left out), in order
+    assert metrics["tokens_decoded"] > 0 and metrics["block_sizes_skipped"] == [32]
+    assert f"[bench] tokens_decoded={metrics['tokens_decoded']} tau={metrics['tau']:.2f}\n" in printed
+    for name in (n for line in bench.HEADLINE for n in line):
+        assert f"{name}=" in printed, name
+    assert (paths[1] / "tau_by_category.csv").read_text().splitlines()[0] == "category,tau"
+    for name, (columns, _) in bench.PLOTS.items():
+        assert (paths[1] / f"{name}.csv").read_text().splitlines()[0] == ",".join(columns)

@@ -6,19 +6,24 @@ measuring this device's cost curve (which auto decides by) and a warm-up that is
 Throughput is decode tokens per second (the first token comes from prefill, which all share). At temperature > 0 both sample with the
 same settings (each run its own seed, the same for AR and DFlash), and tau and speedup are
 measured exactly as for greedy decoding; "lossless" (token equality) is a greedy-only check.
+
+Three steps: `collect` runs every mode on every prompt into one `Runs`; each bench.json metric is a small
+function of it, registered in METRICS (bench.json's order; `HEADLINE` the ones the stage prints), and each
+plot's rows likewise in PLOTS (with its columns). A new metric or plot is one function here, nothing else.
 """
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from dflash_et.runtime.adaptive import AUTO, CostCurve
-from dflash_et.runtime.decoder import RUNNERS, open_decoder
+from dflash_et.runtime.decoder import RUNNERS, Decoder, open_decoder
 from dflash_et.runtime.engine import BlockSize
-from dflash_et.runtime.generate import Generation, pooled_tau
+from dflash_et.runtime.generate import Generation, Round, pooled_tau
 from dflash_et.runtime.programs import missing_backend
 from dflash_et.runtime.sampling import Sampler, Sampling
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
@@ -52,11 +57,6 @@ class BenchConfig:
         return Sampling(float(self.temperature), self.top_p, self.top_k, self.proposals, self.seed)
 
 
-PLOT_COLUMNS = {"acceptance": ("accepted", "rounds"), "speedup_by_block": ("block", "speedup"),
-                "cost_curve": ("tokens", "target_ms_start", "draft_ms_start", "target_ms_end", "draft_ms_end"),
-                "tokens_per_s": ("category", "mode", "tokens_per_s")}  # the plots dvc.yaml declares
-
-
 def throughput(runs: list[Generation]) -> float:
     tokens = sum(len(g.tokens) - 1 for g in runs)
     seconds = sum(g.decode_s for g in runs)
@@ -71,6 +71,345 @@ def _blocks(config: BenchConfig, block_size: BlockSize, max_block: int) -> tuple
     """(fixed blocks to run, blocks of `block_sizes` the programs do not take)."""
     wanted = set(config.block_sizes) | ({int(block_size)} if block_size != AUTO else set())
     return sorted(b for b in wanted if b <= max_block), sorted(b for b in wanted if b > max_block)
+
+
+@dataclass
+class Runs:
+    """One bench's generations, and what its metrics read beside them."""
+
+    config: BenchConfig
+    block_size: BlockSize        # as asked for (bench.json's block_size)
+    headline: str                # the mode of the headline tau and speedup: block_size's
+    settings: Sampling
+    modes: dict[str, BlockSize]  # the DFlash modes by name: each fixed block, then auto
+    too_large: list[int]         # blocks of bench.block_sizes the programs do not take
+    max_block: int
+    curve: CostCurve             # this device's, timed before decoding: auto's input
+    prompts: int
+    lossless: bool               # every DFlash output equals plain decoding's (meaningful when greedy)
+    generations: dict[str, list[dict[str, list[Generation]]]]  # [mode][repeat][category]; mode "ar": plain
+
+    @property
+    def categories(self) -> list[str]:
+        return list(self.generations["ar"][0])
+
+    @property
+    def fixed(self) -> list[str]:
+        return [mode for mode in self.modes if mode != AUTO]
+
+    def pooled(self, mode: str, category: str | None = None, repeat: int | None = None) -> list[Generation]:
+        """A mode's generations: of every repeat (or one), of every category (or one)."""
+        repeats = self.generations[mode] if repeat is None else [self.generations[mode][repeat]]
+        return [g for per_repeat in repeats for c, gs in per_repeat.items() if category in (None, c) for g in gs]
+
+    def rounds(self, mode: str, category: str | None = None) -> list[Round]:
+        return [r for g in self.pooled(mode, category) for r in g.rounds]
+
+    def speedup(self, mode: str, category: str | None = None, repeat: int | None = None) -> float:
+        ar = throughput(self.pooled("ar", category, repeat))
+        return throughput(self.pooled(mode, category, repeat)) / ar if ar else 0.0
+
+    def spread(self, mode: str, category: str | None = None) -> list[float]:
+        """The lowest and highest speedup of one repeat: the run's own noise, to judge differences by."""
+        per_repeat = [self.speedup(mode, category, repeat) for repeat in range(self.config.repeats)]
+        return [min(per_repeat), max(per_repeat)]
+
+
+def _sampler(settings: Sampling, run: int) -> Sampler:
+    return Sampler(replace(settings, seed=settings.seed + run))
+
+
+def _decode(decoder: Decoder, rows: list[dict], encoded: list[list[int]], modes: dict[str, BlockSize],
+            config: BenchConfig, settings: Sampling) -> tuple[dict, bool]:
+    """(generations[mode][repeat][category], lossless): plain decoding and every mode, interleaved prompt by
+    prompt, after a warm-up that is not kept."""
+    for ids in encoded[:config.warmup]:
+        decoder.ar(ids, config.max_new_tokens, sampler=_sampler(settings, -1))
+        for block in modes.values():
+            decoder.dflash(ids, config.max_new_tokens, block, sampler=_sampler(settings, -1))
+    runs = {mode: [defaultdict(list) for _ in range(config.repeats)] for mode in ["ar", *modes]}
+    lossless = True
+    for repeat in tqdm(range(config.repeats), desc="bench repeats", disable=config.repeats == 1):
+        for i, (row, ids) in enumerate(tqdm(list(zip(rows, encoded)), desc=f"bench ({len(runs)} modes)")):
+            run = repeat * len(rows) + i
+            ar = decoder.ar(ids, config.max_new_tokens, sampler=_sampler(settings, run))
+            runs["ar"][repeat][row["category"]].append(ar)
+            for mode, block in modes.items():
+                out = decoder.dflash(ids, config.max_new_tokens, block, sampler=_sampler(settings, run))
+                lossless &= out.tokens == ar.tokens or not settings.greedy
+                runs[mode][repeat][row["category"]].append(out)
+    return runs, lossless
+
+
+def collect(decoder: Decoder, programs_dir: Path, rows: list[dict], block_size: BlockSize,
+            config: BenchConfig, settings: Sampling | None) -> Runs:
+    """Everything the metrics and plots read: the cost curve, then every mode's generations of `rows`."""
+    headline = str(decoder.check_block_size(block_size))
+    settings = settings or decoder.recommended(proposals=config.proposals, seed=config.seed)
+    fixed, too_large = _blocks(config, block_size, decoder.max_block_size)
+    modes = {str(b): b for b in fixed} | {AUTO: AUTO}
+    curve = decoder.cost_curve(config.latency_repeats)  # auto's input, timed by the runner that decodes
+    tok = tokenizer(programs_dir)
+    encoded = [encode_chat(tok, r["prompt"]) for r in rows]
+    generations, lossless = _decode(decoder, rows, encoded, modes, config, settings)
+    return Runs(config, block_size, headline, settings, modes, too_large, decoder.max_block_size, curve, len(rows),
+                lossless, generations)
+
+
+# bench.json's metrics, in its order: name -> the value from one bench's runs (None: not reported for these runs)
+METRICS: dict[str, Callable[[Runs], object]] = {}
+
+
+def metric(f: Callable[[Runs], object]) -> Callable[[Runs], object]:
+    METRICS[f.__name__] = f
+    return f
+
+
+@metric
+def block_size(runs: Runs) -> BlockSize:
+    return runs.block_size
+
+
+@metric
+def runner(runs: Runs) -> str:
+    """The host loop that decoded: python or cpp."""
+    return runs.config.runner
+
+
+@metric
+def sampling(runs: Runs) -> dict:
+    return runs.settings.settings()
+
+
+@metric
+def tau(runs: Runs) -> float:
+    """Tokens per round, bonus included, at block_size."""
+    return pooled_tau(runs.pooled(runs.headline))
+
+
+@metric
+def speedup(runs: Runs) -> float:
+    """DFlash decode tokens/s at block_size over plain decoding's."""
+    return runs.speedup(runs.headline)
+
+
+@metric
+def ar_tokens_per_s(runs: Runs) -> float:
+    return throughput(runs.pooled("ar"))
+
+
+@metric
+def dflash_tokens_per_s(runs: Runs) -> float:
+    return throughput(runs.pooled(runs.headline))
+
+
+@metric
+def draft_ms_per_round(runs: Runs) -> float:
+    return _ms([r.draft_s for r in runs.rounds(runs.headline)])
+
+
+@metric
+def verify_ms_per_round(runs: Runs) -> float:
+    return _ms([r.verify_s for r in runs.rounds(runs.headline)])
+
+
+@metric
+def host_ms_per_round(runs: Runs) -> float:
+    """Everything outside the two program calls."""
+    return _ms([r.host_s for r in runs.rounds(runs.headline)])
+
+
+@metric
+def ar_ms_per_token(runs: Runs) -> float:
+    return _ms([r.total_s for r in runs.rounds("ar")])
+
+
+@metric
+def lossless(runs: Runs) -> bool | None:
+    """Greedy only: every DFlash output is plain decoding's."""
+    return runs.lossless if runs.settings.greedy else None
+
+
+@metric
+def prompts(runs: Runs) -> int:
+    return runs.prompts
+
+
+@metric
+def repeats(runs: Runs) -> int:
+    return runs.config.repeats
+
+
+@metric
+def rounds(runs: Runs) -> int:
+    return len(runs.rounds(runs.headline))
+
+
+def _accepted(runs: Runs) -> list[int]:
+    """Drafted rounds at block_size by proposals accepted, 0 .. max_block - 1."""
+    count = Counter(r.accepted for r in runs.rounds(runs.headline) if r.drafted)
+    return [count.get(k, 0) for k in range(runs.max_block)]
+
+
+@metric
+def acceptance_histogram(runs: Runs) -> dict[str, int]:
+    return {str(k): n for k, n in enumerate(_accepted(runs))}
+
+
+@metric
+def tau_by_category(runs: Runs) -> dict[str, float]:
+    return {c: pooled_tau(runs.pooled(runs.headline, c)) for c in runs.categories}
+
+
+@metric
+def speedup_by_category(runs: Runs) -> dict[str, float]:
+    return {c: runs.speedup(runs.headline, c) for c in runs.categories}
+
+
+@metric
+def speedup_by_block(runs: Runs) -> dict[str, float]:
+    return {b: runs.speedup(b) for b in runs.fixed}
+
+
+@metric
+def tau_by_block(runs: Runs) -> dict[str, float]:
+    return {b: pooled_tau(runs.pooled(b)) for b in runs.fixed}
+
+
+@metric
+def speedup_by_block_by_category(runs: Runs) -> dict[str, dict[str, float]]:
+    return {c: {b: runs.speedup(b, c) for b in runs.fixed} for c in runs.categories}
+
+
+@metric
+def speedup_range_over_repeats(runs: Runs) -> dict[str, list[float]]:
+    return {mode: runs.spread(mode) for mode in runs.modes}
+
+
+@metric
+def speedup_range_over_repeats_by_category(runs: Runs) -> dict[str, dict[str, list[float]]]:
+    return {c: {mode: runs.spread(mode, c) for mode in runs.modes} for c in runs.categories}
+
+
+@metric
+def block_sizes_skipped(runs: Runs) -> list[int] | None:
+    return runs.too_large or None
+
+
+@metric
+def verify_cost_ratio(runs: Runs) -> float:
+    """A target call of the largest block over one token's, at the start of the cache."""
+    start = runs.curve.positions[0]
+    return runs.curve.target(runs.max_block, start) / runs.curve.target(1, start)
+
+
+@metric
+def speedup_auto(runs: Runs) -> float:
+    return runs.speedup(AUTO)
+
+
+@metric
+def tau_auto(runs: Runs) -> float:
+    return pooled_tau(runs.pooled(AUTO))
+
+
+def _mean_verify_tokens(runs: Runs, category: str | None = None) -> float:
+    return statistics.fmean(r.proposed + 1 for r in runs.rounds(AUTO, category))
+
+
+@metric
+def mean_verify_tokens_auto(runs: Runs) -> float:
+    """Tokens per target call."""
+    return _mean_verify_tokens(runs)
+
+
+@metric
+def speedup_auto_by_category(runs: Runs) -> dict[str, float]:
+    return {c: runs.speedup(AUTO, c) for c in runs.categories}
+
+
+@metric
+def tau_auto_by_category(runs: Runs) -> dict[str, float]:
+    return {c: pooled_tau(runs.pooled(AUTO, c)) for c in runs.categories}
+
+
+@metric
+def mean_verify_tokens_auto_by_category(runs: Runs) -> dict[str, float]:
+    return {c: _mean_verify_tokens(runs, c) for c in runs.categories}
+
+
+@metric
+def auto_rounds_by_category(runs: Runs) -> dict[str, dict[str, int]]:
+    """How auto's rounds spread: plain steps (no draft call), and drafted rounds by proposals verified."""
+    def choices(category: str) -> dict[str, int]:
+        count = Counter("plain" if r.drafted == 0 else str(r.proposed) for r in runs.rounds(AUTO, category))
+        return {k: count[k] for k in ["plain", *map(str, range(runs.max_block))] if count[k]}
+
+    return {c: choices(c) for c in runs.categories}
+
+
+# What the bench stage prints, one line each: metric names, shown as name=value when the bench reports them.
+HEADLINE = (("block_size", "runner", "tau", "speedup", "dflash_tokens_per_s", "ar_tokens_per_s", "lossless",
+             "sampling"),
+            ("draft_ms_per_round", "verify_ms_per_round", "host_ms_per_round"),
+            ("speedup_by_block", "speedup_auto", "tau_auto", "mean_verify_tokens_auto"))
+
+
+def _shown(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_shown, value)) + "]"
+    return str(value)
+
+
+def summary(metrics: dict) -> list[str]:
+    """HEADLINE's lines for these metrics."""
+    lines = [" ".join(f"{name}={_shown(metrics[name])}" for name in names if name in metrics) for names in HEADLINE]
+    return [line for line in lines if line]
+
+
+# The plots dvc.yaml declares: name -> (columns, the rows from one bench's runs)
+PLOTS: dict[str, tuple[tuple[str, ...], Callable[[Runs], list[dict]]]] = {}
+
+
+def plot(name: str, *columns: str):
+    def register(f: Callable[[Runs], list[dict]]) -> Callable[[Runs], list[dict]]:
+        PLOTS[name] = columns, f
+        return f
+    return register
+
+
+@plot("acceptance", "accepted", "rounds")
+def acceptance_rows(runs: Runs) -> list[dict]:
+    return [{"accepted": k, "rounds": n} for k, n in enumerate(_accepted(runs))]
+
+
+@plot("speedup_by_block", "block", "speedup")
+def speedup_by_block_rows(runs: Runs) -> list[dict]:
+    """Every fixed block, with auto beside them."""
+    return [{"block": mode, "speedup": runs.speedup(mode)} for mode in runs.modes]
+
+
+@plot("cost_curve", "tokens", "target_ms_start", "draft_ms_start", "target_ms_end", "draft_ms_end")
+def cost_curve_rows(runs: Runs) -> list[dict]:
+    """Target and draft ms against tokens, at the start and end of the cache (auto's cost curve)."""
+    curve, start, end = runs.curve, runs.curve.positions[0], runs.curve.positions[-1]
+    return [{"tokens": t, "target_ms_start": curve.target(t, start),
+             "draft_ms_start": curve.draft(t, start) if t > 1 else 0.0,
+             "target_ms_end": curve.target(t, end), "draft_ms_end": curve.draft(t, end) if t > 1 else 0.0}
+            for t in range(1, runs.max_block + 1)]
+
+
+@plot("tokens_per_s", "category", "mode", "tokens_per_s")
+def tokens_per_s_rows(runs: Runs) -> list[dict]:
+    return [{"category": c, "mode": mode, "tokens_per_s": throughput(runs.pooled(mode, c))}
+            for c in runs.categories for mode in runs.generations]
+
+
+PLOT_COLUMNS = {name: columns for name, (columns, _) in PLOTS.items()}
 
 
 def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) -> tuple[dict, dict, CostCurve | None]:
@@ -90,114 +429,9 @@ def run_bench(programs_dir: Path, block_size: BlockSize, config: BenchConfig) ->
         raise ValueError(f"bench.prompts={config.prompts!r} has no prompts")
     skipped = missing_backend(programs_dir)
     if skipped:
-        return {"block_size": block_size, "skipped": skipped}, {name: [] for name in PLOT_COLUMNS}, None
-    decoder = open_decoder(programs_dir, config.runner)  # the programs, loaded once
-    headline = str(decoder.check_block_size(block_size))
-    settings = settings or decoder.recommended(proposals=config.proposals, seed=config.seed)
-    fixed, too_large = _blocks(config, block_size, decoder.max_block_size)
-    modes = {str(b): b for b in fixed} | {AUTO: AUTO}
-    curve = decoder.cost_curve(config.latency_repeats)  # auto's input, timed by the runner that decodes
-
-    def sampler(run: int) -> Sampler:
-        return Sampler(replace(settings, seed=settings.seed + run))
-
-    tok = tokenizer(programs_dir)
-    encoded = [encode_chat(tok, r["prompt"]) for r in rows]
-    for ids in encoded[:config.warmup]:
-        decoder.ar(ids, config.max_new_tokens, sampler=sampler(-1))
-        for block in modes.values():
-            decoder.dflash(ids, config.max_new_tokens, block, sampler=sampler(-1))
-
-    # runs[mode][repeat][category]: the generations of each mode, "ar" being plain decoding
-    runs = {mode: [defaultdict(list) for _ in range(config.repeats)] for mode in ["ar", *modes]}
-    lossless = True
-    for repeat in tqdm(range(config.repeats), desc="bench repeats", disable=config.repeats == 1):
-        for i, (row, ids) in enumerate(tqdm(list(zip(rows, encoded)), desc=f"bench ({len(runs)} modes)")):
-            run = repeat * len(rows) + i
-            ar = decoder.ar(ids, config.max_new_tokens, sampler=sampler(run))
-            runs["ar"][repeat][row["category"]].append(ar)
-            for mode, block in modes.items():
-                out = decoder.dflash(ids, config.max_new_tokens, block, sampler=sampler(run))
-                lossless &= out.tokens == ar.tokens or not settings.greedy
-                runs[mode][repeat][row["category"]].append(out)
-
-    categories = list(runs["ar"][0])
-
-    def pooled(mode: str, category: str | None = None) -> list[Generation]:
-        return [g for per_repeat in runs[mode] for c, gs in per_repeat.items() if category in (None, c) for g in gs]
-
-    def speedup(mode: str, category: str | None = None) -> float:
-        ar = throughput(pooled("ar", category))
-        return throughput(pooled(mode, category)) / ar if ar else 0.0
-
-    def mean_verify_tokens(category: str | None = None) -> float:
-        return statistics.fmean(r.proposed + 1 for g in pooled(AUTO, category) for r in g.rounds)
-
-    def choices(category: str) -> dict[str, int]:
-        """How auto's rounds spread: plain steps (no draft call), and drafted rounds by proposals verified."""
-        count = Counter("plain" if r.drafted == 0 else str(r.proposed) for g in pooled(AUTO, category) for r in g.rounds)
-        return {k: count[k] for k in ["plain", *map(str, range(decoder.max_block_size))] if count[k]}
-
-    def spread(mode: str, category: str | None = None) -> list[float]:
-        """The lowest and highest speedup of one repeat: the run's own noise, to judge differences by."""
-        per_repeat = []
-        for repeat in range(config.repeats):
-            def of(m: str) -> list[Generation]:
-                return [g for c, gs in runs[m][repeat].items() if category in (None, c) for g in gs]
-            ar = throughput(of("ar"))
-            per_repeat.append(throughput(of(mode)) / ar if ar else 0.0)
-        return [min(per_repeat), max(per_repeat)]
-
-    main_runs = pooled(headline)
-    rounds = [r for g in main_runs for r in g.rounds]
-    drafted = [r for r in rounds if r.drafted]
-    histogram = Counter(r.accepted for r in drafted)
-    ar_tps, df_tps = throughput(pooled("ar")), throughput(main_runs)
-    ar_rounds = [r for g in pooled("ar") for r in g.rounds]
-    metrics = {
-        "block_size": block_size,
-        "runner": config.runner,
-        "sampling": settings.settings(),
-        "tau": pooled_tau(main_runs),
-        "speedup": df_tps / ar_tps if ar_tps else 0.0,
-        "ar_tokens_per_s": ar_tps,
-        "dflash_tokens_per_s": df_tps,
-        "draft_ms_per_round": _ms([r.draft_s for r in rounds]),
-        "verify_ms_per_round": _ms([r.verify_s for r in rounds]),
-        "host_ms_per_round": _ms([r.host_s for r in rounds]),
-        "ar_ms_per_token": _ms([r.total_s for r in ar_rounds]),
-        **({"lossless": lossless} if settings.greedy else {}),
-        "prompts": len(rows), "repeats": config.repeats, "rounds": len(rounds),
-        "acceptance_histogram": {str(k): histogram.get(k, 0) for k in range(decoder.max_block_size)},
-        "tau_by_category": {c: pooled_tau(pooled(headline, c)) for c in categories},
-        "speedup_by_category": {c: speedup(headline, c) for c in categories},
-        "speedup_by_block": {str(b): speedup(str(b)) for b in fixed},
-        "tau_by_block": {str(b): pooled_tau(pooled(str(b))) for b in fixed},
-        "speedup_by_block_by_category": {c: {str(b): speedup(str(b), c) for b in fixed} for c in categories},
-        "speedup_range_over_repeats": {mode: spread(mode) for mode in modes},
-        "speedup_range_over_repeats_by_category": {c: {mode: spread(mode, c) for mode in modes} for c in categories},
-        **({"block_sizes_skipped": too_large} if too_large else {}),
-    }
-    start, end = curve.positions[0], curve.positions[-1]  # auto's cost curve
-    metrics |= {
-        "verify_cost_ratio": curve.target(decoder.max_block_size, start) / curve.target(1, start),
-        "speedup_auto": speedup(AUTO),
-        "tau_auto": pooled_tau(pooled(AUTO)),
-        "mean_verify_tokens_auto": mean_verify_tokens(),
-        "speedup_auto_by_category": {c: speedup(AUTO, c) for c in categories},
-        "tau_auto_by_category": {c: pooled_tau(pooled(AUTO, c)) for c in categories},
-        "mean_verify_tokens_auto_by_category": {c: mean_verify_tokens(c) for c in categories},
-        "auto_rounds_by_category": {c: choices(c) for c in categories},
-    }
-    plots = {
-        "acceptance": [{"accepted": k, "rounds": histogram.get(k, 0)} for k in range(decoder.max_block_size)],
-        "speedup_by_block": [{"block": mode, "speedup": speedup(mode)} for mode in modes],
-        "cost_curve": [{"tokens": t, "target_ms_start": curve.target(t, start),
-                        "draft_ms_start": curve.draft(t, start) if t > 1 else 0.0,
-                        "target_ms_end": curve.target(t, end), "draft_ms_end": curve.draft(t, end) if t > 1 else 0.0}
-                       for t in range(1, decoder.max_block_size + 1)],
-        "tokens_per_s": [{"category": c, "mode": mode, "tokens_per_s": throughput(pooled(mode, c))}
-                         for c in categories for mode in runs],
-    }
-    decoder.close()
-    return metrics, plots, curve
+        return {"block_size": block_size, "skipped": skipped}, {name: [] for name in PLOTS}, None
+    with open_decoder(programs_dir, config.runner) as decoder:  # the programs, loaded once
+        runs = collect(decoder, programs_dir, rows, block_size, config, settings)
+    metrics = {name: value for name, f in METRICS.items() if (value := f(runs)) is not None}
+    plots = {name: rows_of(runs) for name, (_, rows_of) in PLOTS.items()}
+    return metrics, plots, runs.curve

@@ -101,6 +101,79 @@ def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict:
             "common_prefix": statistics.fmean(prefix(a, b) for a, b in zip(ours, theirs))}
 
 
+def _llama_cpp(target_dir: Path, draft_dir: Path, gguf_dir: Path,
+               export: dict) -> tuple[LlamaCpp | None, dict, str | None]:
+    """(llama.cpp built, the GGUF pair converted into `gguf_dir`, None), or (None, {}, what llama.cpp refused)."""
+    try:
+        ggufs = gguf_pair(target_dir, draft_dir, gguf_dir, export["quantize"], export["dtype"])
+        return LlamaCpp.source().build(), ggufs, None
+    except Refused as e:
+        return None, {}, str(e)
+
+
+def _start_servers(servers: dict[str, Server], llama: LlamaCpp, ggufs: dict, config: PeerConfig) -> str | None:
+    """Starts llama.cpp's plain server and a DFlash one per `draft_max` into `servers`: all of them, or (closing
+    those started) none and what llama.cpp refused."""
+    try:
+        servers["llama_cpp_plain"] = Server(llama, ggufs["target"], config.cores, config.context)
+        for n in config.draft_max:
+            servers[f"llama_cpp_dflash_{n}"] = Server(llama, ggufs["target"], config.cores, config.context,
+                                                      draft=ggufs["draft"], draft_max=n)
+    except Refused as e:
+        for server in servers.values():
+            server.close()
+        servers.clear()
+        return str(e)
+    return None
+
+
+def _decoder(engine: Engine, block: BlockSize, servers: dict[str, Server], max_new_tokens: int):
+    """decode(engine name, prompt ids) -> Run, for this project's two engines and each llama.cpp server."""
+    def decode(name: str, ids: list[int]) -> Run:
+        if name == "executorch_plain":
+            g = engine.ar(ids, max_new_tokens)
+        elif name == "executorch_dflash":
+            g = engine.dflash(ids, max_new_tokens, block)
+        else:
+            return _from_llama(servers[name].complete(ids, max_new_tokens))
+        return Run(g.tokens, g.decode_s, len(g.rounds))
+
+    return decode
+
+
+def _measure(decode, engines: list[str], rows: list[dict], prompts: list[list[int]],
+             warmup: int) -> dict[str, dict[str, list[Run]]]:
+    """runs[engine][category]: every engine on each prompt in turn, after a warm-up that is not kept."""
+    for ids in prompts[:warmup]:
+        for name in engines:
+            decode(name, ids)
+    runs = {name: defaultdict(list) for name in engines}
+    for row, ids in tqdm(list(zip(rows, prompts)), desc=f"peers ({len(engines)} engines)"):
+        for name in engines:
+            runs[name][row["category"]].append(decode(name, ids))
+    return runs
+
+
+def _target_call_ms(engine: Engine, llama: LlamaCpp, target_gguf: Path, config: PeerConfig) -> dict:
+    """One target call of 1 token and of the largest block, on both sides, at the start of the cache."""
+    # both sides timed now, one after the other: a curve from another hour would compare machine states
+    curve = engine.measure_cost_curve(repeats=3)
+    position = curve.positions[0]
+    try:
+        theirs = llama.call_ms(target_gguf, config.cores, engine.max_block_size, position)
+    except Refused as e:
+        theirs = {"refused": str(e)}
+    ours = {str(t): curve.target(t, position) for t in (1, engine.max_block_size)}
+    return {"position": position, "executorch": ours, "llama_cpp": theirs}
+
+
+def _engines(runs: dict[str, dict[str, list[Run]]]) -> dict:
+    """Each engine's summary: DFlash ones beside the plain decoding of the same engine."""
+    plain_of = {"executorch": runs["executorch_plain"], "llama_cpp": runs.get("llama_cpp_plain")}
+    return {name: _summary(rs, None if name.endswith("plain") else plain_of[name.split("_dflash")[0]])
+            for name, rs in runs.items()}
+
+
 def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size: BlockSize, bench: BenchConfig,
               config: PeerConfig, gguf_dir: Path, cost_curve: Path | None = None) -> tuple[dict, list[dict]]:
     """(peers.json metrics, plot rows). The programs' export.json says their precision; llama.cpp gets its
@@ -118,72 +191,26 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
     metrics: dict = {"llama_cpp_version": VERSION, "prompts": len(rows), "max_new_tokens": bench.max_new_tokens,
                      "threads": config.cores, "executorch": {"precision": export["quantize"] if export["quantize"]
                      != "none" else export["dtype"], "block_size": block}}
-    refused = None
-    try:
-        ggufs = gguf_pair(target_dir, draft_dir, gguf_dir, export["quantize"], export["dtype"])
-        llama = LlamaCpp.source().build()
-    except Refused as e:
-        refused = str(e)
+    llama, ggufs, refused = _llama_cpp(target_dir, draft_dir, gguf_dir, export)
     metrics["llama_cpp"] = {"precision": gguf_type, **({"refused": refused} if refused else {})}
-
     servers: dict[str, Server] = {}  # all up at once, so that prompt by prompt the engines take turns
     try:
-        if refused is None:
-            try:
-                servers["llama_cpp_plain"] = Server(llama, ggufs["target"], config.cores, config.context)
-                for n in config.draft_max:
-                    servers[f"llama_cpp_dflash_{n}"] = Server(llama, ggufs["target"], config.cores, config.context,
-                                                              draft=ggufs["draft"], draft_max=n)
-            except Refused as e:
-                metrics["llama_cpp"]["refused"] = str(e)
-                for server in servers.values():
-                    server.close()
-                servers.clear()
-
-        def decode(name: str, ids: list[int]) -> Run:
-            if name == "executorch_plain":
-                g = engine.ar(ids, bench.max_new_tokens)
-            elif name == "executorch_dflash":
-                g = engine.dflash(ids, bench.max_new_tokens, block)
-            else:
-                return _from_llama(servers[name].complete(ids, bench.max_new_tokens))
-            return Run(g.tokens, g.decode_s, len(g.rounds))
-
+        if llama is not None and (refused := _start_servers(servers, llama, ggufs, config)):
+            metrics["llama_cpp"]["refused"] = refused
         engines = ["executorch_plain", "executorch_dflash", *servers]
-        for ids in prompts[:bench.warmup]:
-            for name in engines:
-                decode(name, ids)
-        runs = {name: defaultdict(list) for name in engines}
-        for row, ids in tqdm(list(zip(rows, prompts)), desc=f"peers ({len(engines)} engines)"):
-            for name in engines:
-                runs[name][row["category"]].append(decode(name, ids))
+        runs = _measure(_decoder(engine, block, servers, bench.max_new_tokens), engines, rows, prompts, bench.warmup)
     finally:
         for server in servers.values():
             server.close()
-
-    def tokens(name: str) -> list[list[int]]:
-        return [r.tokens for c in runs[name].values() for r in c]
-
-    plain_of = {"executorch": runs["executorch_plain"], "llama_cpp": runs.get("llama_cpp_plain")}
-    engines_out = {name: _summary(runs[name], None if name.endswith("plain") else plain_of[name.split("_dflash")[0]])
-                   for name in engines}
-    metrics["engines"] = engines_out
-    metrics["token_agreement_with_executorch_plain"] = {name: agreement(tokens("executorch_plain"), tokens(name))
+    metrics["engines"] = engines_out = _engines(runs)
+    tokens = {name: [r.tokens for c in rs.values() for r in c] for name, rs in runs.items()}
+    metrics["token_agreement_with_executorch_plain"] = {name: agreement(tokens["executorch_plain"], tokens[name])
                                                         for name in engines if name != "executorch_plain"}
     if servers:
-        best = max((n for n in engines if n.startswith("llama_cpp_dflash")), key=lambda n: engines_out[n]["tokens_per_s"])
-        metrics["llama_cpp"]["best_dflash"] = best
-        # both sides timed now, one after the other: a curve from another hour would compare machine states
-        curve = engine.measure_cost_curve(repeats=3)
-        position = curve.positions[0]
-        try:
-            theirs = llama.call_ms(ggufs["target"], config.cores, engine.max_block_size, position)
-        except Refused as e:
-            theirs = {"refused": str(e)}
-        ours = {str(t): curve.target(t, position) for t in (1, engine.max_block_size)}
-        metrics["target_call_ms"] = {"position": position, "executorch": ours, "llama_cpp": theirs}
+        dflash = (n for n in engines if n.startswith("llama_cpp_dflash"))
+        metrics["llama_cpp"]["best_dflash"] = max(dflash, key=lambda n: engines_out[n]["tokens_per_s"])
+        metrics["target_call_ms"] = _target_call_ms(engine, llama, ggufs["target"], config)
     plot = [{"run": f"{c}: {name}", "engine": name, "category": c,
              "tokens_per_s": engines_out[name]["by_category"][c]["tokens_per_s"]}
             for name in engines for c in engines_out[name]["by_category"]]
     return metrics, plot
-

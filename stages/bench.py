@@ -6,6 +6,7 @@ plots and an empty cost curve (every output dvc.yaml declares exists) and succee
 from pathlib import Path
 
 from dflash_et.files import write_csv, write_json
+from dflash_et.params import parse
 from dflash_et.reports.bench import PLOT_COLUMNS, BenchConfig, run_bench
 from dflash_et.runtime.cpp_runner import build_runner
 from stages.common import params, run
@@ -14,7 +15,7 @@ from stages.common import params, run
 def main(argv: list[str]) -> None:
     programs, report, plots_dir, curve_path = map(Path, argv)
     p = params()
-    config = BenchConfig(**p["bench"])
+    config = parse(BenchConfig, p.get("bench"), "bench")
     if config.runner == "cpp":  # brought up to date with runner/ (a dependency of this stage)
         build_runner()
     metrics, plots, curve = run_bench(programs, p["block_size"], config)

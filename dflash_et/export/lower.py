@@ -13,7 +13,7 @@ import logging
 import resource
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
+from dflash_et.params import parse
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class ExportConfig:
     dtype: str = "fp32"
     quantize: str = "none"
     group_size: int = 32
-    max_seq_len: int = 1024
+    max_seq_len: int = 512
     prefill_chunk: int = 64
     max_block_size: int | None = None
     shared_weights: bool = False
@@ -95,11 +96,8 @@ class ExportConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> "ExportConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ExportError(f"unknown export params {unknown}; known: {sorted(known)}")
-        config = cls(**params)
+        """The section (export.gguf, the package stage's, left out), checked."""
+        config = parse(cls, params, "export", error=ExportError)
         config.check()
         return config
 

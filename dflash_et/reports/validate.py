@@ -22,6 +22,7 @@ from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.params import parse
 from dflash_et.reports import transformers_oracle
 
 
@@ -53,10 +54,7 @@ class ValidateConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> "ValidateConfig":
-        parts = {k: Limits(**params[k]) for k in ("fp32", "reduced") if k in params}
-        if "sampling" in params:
-            parts["sampling"] = SamplingCheck(**params["sampling"])
-        return cls(**{**params, **parts})
+        return parse(cls, params, "validate")
 
 
 class Worst:

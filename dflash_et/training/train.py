@@ -46,7 +46,7 @@ class TrainConfig:
     """The `train_draft` section of params.yaml."""
 
     steps: int = 2000             # at most; see compute_budget
-    compute_budget: float | None = None  # multiply-accumulates a run may spend (None: no cap); see planned_steps
+    compute_budget: float | None = 1.0e14  # multiply-accumulates a run may spend (None: no cap); see planned_steps
     lr: float = 1e-3
     batch: int = 4                # sequences per step (per rank)
     block_size: int = 16

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dflash_et.checkpoints.check import load_pair
-from dflash_et.export.lower import DTYPES, ExportConfig, quantize
+from dflash_et.export.lower import ExportConfig, load_models
 from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
@@ -184,10 +184,9 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
             raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
                                "programs (dvc repro) or point validate at the matching weights")
     export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
-    target, draft, settings = load_pair(target_dir, draft_dir, programs[0].meta.max_context_len)
-    for model in (target, draft):  # the eager twin of each program: same dtype, same quantization
-        quantize(model.to(DTYPES[export_config.dtype]), export_config)
-    eager = (target, draft, settings)
+    # the eager twin of each program, loaded as export loads it: same dtype, same quantization
+    eager = load_models(target_dir, draft_dir, export_config, programs[0].meta.max_context_len)
+    settings = eager[2]
     tok = tokenizer(target_dir)
     rows = load_prompts(config.prompt_set, config.prompts)
     prompts = [encode_chat(tok, r["prompt"]) for r in rows]
@@ -204,8 +203,8 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
                                   config.max_new_tokens) if exact else \
         {"skipped": "reduced precision: compared with its quantized eager twin only"}
     lossless_fraction, why, taus = check_lossless(programs, prompts, labels, eos, config.max_new_tokens,
-                                                  eager[2].mask_token_id)
-    sampling = check_sampling(programs, prompts, labels, eos, eager[2].mask_token_id, config.sampling)
+                                                  settings.mask_token_id)
+    sampling = check_sampling(programs, prompts, labels, eos, settings.mask_token_id, config.sampling)
     worst = numerics["worst"]
     # an int8 draft head (export.draft_head) makes the draft reduced precision; the target alone decides exactness
     draft_limits = limits if export_config.draft_head == "same" else config.reduced

@@ -168,6 +168,39 @@ def against_transformers(programs, target_dir: Path, layer_ids: list[int], promp
     return {"logits_rel_err": worst[0], "taps_rel_err": worst[1], "greedy_divergence": divergence}
 
 
+def _check_made_from(programs, target_dir: Path, draft_dir: Path) -> None:
+    """Refuse programs exported from other checkpoints than the ones given (their fingerprints differ)."""
+    made_from = programs[0].meta.checkpoint_id, programs[1].meta.draft_checkpoint_id
+    for program, ckpt, made in zip(programs, (target_dir, draft_dir), made_from):
+        if made != checkpoint_id(ckpt):
+            raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
+                               "programs (dvc repro) or point validate at the matching weights")
+
+
+def _failures(numerics: dict, fp32: dict | None, oracle: dict, why: str | None, sampling: dict, limits: Limits,
+              draft_limits: Limits) -> list[str]:
+    """Every check that missed its limit, one line each (empty: validate passed)."""
+    worst = numerics["worst"]
+    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {lim.max_rel_err:g} on {worst[f'{name}_rel'].where}"
+                for name, lim in (("target", limits), ("draft", draft_limits)) if worst[f"{name}_rel"].value > lim.max_rel_err]
+    if numerics["token_agreement"] < limits.min_token_agreement:
+        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}"
+                        + (f" (with the fp32 model: {fp32['token_agreement']:.4f}; when that is low too, the "
+                           f"quantization is too coarse for this model: try export.quantize=8da8w)" if fp32 else ""))
+    for key in ("logits", "taps"):
+        if oracle.get(f"{key}_rel_err", 0.0) > limits.max_rel_err:
+            failures.append(f"target {key} differ from transformers' model by {oracle[f'{key}_rel_err']:.3g} "
+                            f"(relative) > {limits.max_rel_err:g}")
+    if oracle.get("greedy_divergence"):
+        failures.append(oracle["greedy_divergence"])
+    if why and limits.require_lossless:
+        failures.append(why)
+    if not sampling["same_distribution"] and limits.require_lossless:
+        failures.append(f"sampled DFlash differs from target.pte's distribution: chi-square p-value "
+                        f"{sampling['min_p_value']:.2g} < {sampling['threshold']:.2g} on {sampling['where']}")
+    return failures
+
+
 def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
     """Run every check; returns the report (with `failures`, empty when all passed).
 
@@ -178,11 +211,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     if skipped:
         return {"skipped": skipped, "failures": []}
     programs = load_programs(programs_dir)
-    made_from = programs[0].meta.checkpoint_id, programs[1].meta.draft_checkpoint_id
-    for program, ckpt, made in zip(programs, (target_dir, draft_dir), made_from):
-        if made != checkpoint_id(ckpt):
-            raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
-                               "programs (dvc repro) or point validate at the matching weights")
+    _check_made_from(programs, target_dir, draft_dir)
     export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
     # the eager twin of each program, loaded as export loads it: same dtype, same quantization
     eager = load_models(target_dir, draft_dir, export_config, programs[0].meta.max_context_len)
@@ -208,23 +237,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     worst = numerics["worst"]
     # an int8 draft head (export.draft_head) makes the draft reduced precision; the target alone decides exactness
     draft_limits = limits if export_config.draft_head == "same" else config.reduced
-    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {lim.max_rel_err:g} on {worst[f'{name}_rel'].where}"
-                for name, lim in (("target", limits), ("draft", draft_limits)) if worst[f"{name}_rel"].value > lim.max_rel_err]
-    if numerics["token_agreement"] < limits.min_token_agreement:
-        failures.append(f"token_agreement {numerics['token_agreement']:.4f} < {limits.min_token_agreement}"
-                        + (f" (with the fp32 model: {fp32['token_agreement']:.4f}; when that is low too, the "
-                           f"quantization is too coarse for this model: try export.quantize=8da8w)" if fp32 else ""))
-    for key in ("logits", "taps"):
-        if oracle.get(f"{key}_rel_err", 0.0) > limits.max_rel_err:
-            failures.append(f"target {key} differ from transformers' model by {oracle[f'{key}_rel_err']:.3g} "
-                            f"(relative) > {limits.max_rel_err:g}")
-    if oracle.get("greedy_divergence"):
-        failures.append(oracle["greedy_divergence"])
-    if why and limits.require_lossless:
-        failures.append(why)
-    if not sampling["same_distribution"] and limits.require_lossless:
-        failures.append(f"sampled DFlash differs from target.pte's distribution: chi-square p-value "
-                        f"{sampling['min_p_value']:.2g} < {sampling['threshold']:.2g} on {sampling['where']}")
+    failures = _failures(numerics, fp32, oracle, why, sampling, limits, draft_limits)
     return {
         "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,
         "draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value,

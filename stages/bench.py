@@ -6,6 +6,7 @@ plots and an empty cost curve (every output dvc.yaml declares exists) and succee
 from pathlib import Path
 
 from dflash_et.files import write_csv, write_json
+from dflash_et.params import parse
 from dflash_et.reports import bench
 from runner.toolchain import build_runner
 from stages.common import params, run
@@ -14,7 +15,7 @@ from stages.common import params, run
 def main(argv: list[str]) -> None:
     programs, report, plots_dir, curve_path = map(Path, argv)
     p = params()
-    config = bench.BenchConfig(**p["bench"])
+    config = parse(bench.BenchConfig, p.get("bench"), "bench")
     if config.runner == "cpp":  # brought up to date with runner/ (a dependency of this stage)
         build_runner()
     metrics, plots, curve = bench.run_bench(programs, p["block_size"], config)

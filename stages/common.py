@@ -1,24 +1,41 @@
 """What every stage command shares: params.yaml, and turning known failures into one line.
 
-Paths are not here: dvc.yaml declares them once and passes them to each command.
+Paths are not here: dvc.yaml declares them once and passes them to each command. Each section of params.yaml
+becomes its dataclass through the one parser (dflash_et.params.parse) in the stage that reads it.
 """
 
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from dflash_et.params import check_keys, parse
+
 PARAMS = Path("params.yaml")
+SECTIONS = ("block_size", "model", "export", "validate", "bench", "peer_bench", "peers", "train_draft")
+
+
+@dataclass(frozen=True)
+class Model:
+    """The `model` section of params.yaml (what each takes: its comments there)."""
+
+    target: str = "builtin"
+    draft: str = "train"
+    draft_embed_scale: float | None = None
 
 
 def params() -> dict:
-    """params.yaml, with every prompt set left at `auto` resolved for `model.target` (see prompt_set)."""
-    p = yaml.safe_load(PARAMS.read_text())
+    """params.yaml, its sections those of `SECTIONS` (another is refused in one line), `model` parsed (a `Model`),
+    and every prompt set left at `auto` resolved for `model.target` (see prompt_set)."""
+    p = yaml.safe_load(PARAMS.read_text()) or {}
+    check_keys(p, SECTIONS, "")
+    p["model"] = parse(Model, p.get("model"), "model")
     for section, key in (("train_draft", "prompts"), ("validate", "prompt_set"), ("bench", "prompts")):
         if (p.get(section) or {}).get(key) == "auto":
-            p[section][key] = prompt_set(str(p["model"]["target"]))
+            p[section][key] = prompt_set(str(p["model"].target))
     return p
 
 

@@ -8,7 +8,7 @@ from stages.common import params, run
 
 def main(argv: list[str]) -> None:
     (out,) = argv
-    fetch("target", str(params()["model"]["target"]), Path(out))
+    fetch("target", str(params()["model"].target), Path(out))
 
 
 if __name__ == "__main__":

@@ -8,18 +8,18 @@ from pathlib import Path
 
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.files import staged_dir, write_json
-from dflash_et.training.train import TrainConfig, train_draft
+from dflash_et.training.train import train_draft
 from stages.common import params, run
+from stages.train_draft import train_config
 
 
 def main(argv: list[str]) -> None:
     target_dir, out, live_out = map(Path, argv)
     p = params()
-    embed_scale = p["model"].get("draft_embed_scale")
     with staged_dir(live_out) as live_dir:
-        trainer = partial(train_draft, config=TrainConfig(**(p.get("train_draft") or {}), embed_scale=embed_scale),
-                          live_dir=live_dir)
-        fetch("draft", str(p["model"]["draft"]), out, target_dir=target_dir, train=trainer, embed_scale=embed_scale)
+        trainer = partial(train_draft, config=train_config(p), live_dir=live_dir)
+        fetch("draft", str(p["model"].draft), out, target_dir=target_dir, train=trainer,
+              embed_scale=p["model"].draft_embed_scale)
         if not (live_dir / "metrics.json").exists():  # every output dvc.yaml declares exists
             write_json(live_dir / "metrics.json", {"trained": False})
             (live_dir / "plots" / "metrics").mkdir(parents=True)

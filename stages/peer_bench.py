@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from dflash_et.files import staged_dir, write_csv, write_json
+from dflash_et.params import parse
 from dflash_et.reports.bench import BenchConfig
 from dflash_et.reports.peers import PLOT_COLUMNS, PeerConfig, run_peers
 from stages.common import params, run
@@ -15,10 +16,10 @@ from stages.common import params, run
 def main(argv: list[str]) -> None:
     programs, target_dir, draft_dir, curve, gguf_dir, report, plot = map(Path, argv)
     p = params()
+    bench, peers = parse(BenchConfig, p.get("bench"), "bench"), PeerConfig.from_params(p.get("peers") or {})
     with staged_dir(gguf_dir) as gguf:
         if p.get("peer_bench"):
-            metrics, rows = run_peers(programs, target_dir, draft_dir, p["block_size"], BenchConfig(**p["bench"]),
-                                      PeerConfig.from_params(p.get("peers") or {}), gguf,
+            metrics, rows = run_peers(programs, target_dir, draft_dir, p["block_size"], bench, peers, gguf,
                                       curve if json.loads(curve.read_text() or "{}") else None)
         else:
             metrics, rows = {"skipped": "peer_bench is false; -S peer_bench=true measures llama.cpp beside these "

@@ -10,14 +10,20 @@ import tempfile
 from pathlib import Path
 
 from dflash_et.files import staged_dir
+from dflash_et.params import parse
 from dflash_et.training.train import TrainConfig, train_draft
 from stages.common import params, run
+
+
+def train_config(p: dict) -> TrainConfig:
+    """The train_draft section, with the draft's embedding scale from model.draft_embed_scale."""
+    return parse(TrainConfig, p.get("train_draft"), "train_draft", outside={"embed_scale": p["model"].draft_embed_scale})
 
 
 def main(argv: list[str]) -> None:
     target_dir, out_dir = map(Path, argv)
     p = params()
-    config = TrainConfig(**(p.get("train_draft") or {}), embed_scale=p["model"].get("draft_embed_scale"))
+    config = train_config(p)
     if int(os.environ.get("RANK", "0")) != 0:
         with tempfile.TemporaryDirectory() as scratch:
             train_draft(target_dir, Path(scratch), config)

@@ -47,7 +47,7 @@ def test_portable_target_runs_without_delegates(trained_pair, tmp_path):
     ({"dtype": "bf16", "quantize": "8da4w"}, "set export.dtype=fp32"),
     ({"max_seq_len": 2}, "max_seq_len >= 4"),
     ({"sliding_cache": "window"}, "export.sliding_cache='window' does not exist; use one of ring, full"),
-    ({"colour": "red"}, "unknown export params \\['colour'\\]"),
+    ({"colour": "red"}, "^export.colour is not a setting; the export section takes backend, dtype, quantize, "),
     ({"draft_head": "int4"}, "export.draft_head='int4' does not exist; use one of same, 8da8w"),
     ({"draft_head": "8da8w", "shared_weights": True}, "shared.ptd cannot share it.*export.shared_weights=false"),
     ({"draft_head": "8da8w", "backend": "portable"}, "set export.backend=xnnpack"),

@@ -209,3 +209,22 @@ def test_cpp_runner_runs_hybrid_programs(hybrid_programs, runner):
     for a, b in zip(ours, theirs):
         assert a.tokens == b.tokens
         assert [(r.proposed, r.accepted) for r in a.rounds] == [(r.proposed, r.accepted) for r in b.rounds]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_the_eager_twin_of_a_half_precision_export_keeps_the_state_in_float32(tmp_path, dtype):
+    """validate's eager twin is loaded by export's own code (lower.load_models): half-precision weights, the Gated
+    DeltaNet state in float32 as in the program (casting the whole fp32 model to half made it half, and it failed)."""
+    from dflash_et.export.lower import load_models
+
+    target_dir = random_checkpoint(tmp_path / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
+    builtin.build_tokenizer().save_pretrained(target_dir)
+    draft_dir = random_draft(tmp_path / "draft", target_dir, num_layers=1)
+    target, draft, settings = load_models(target_dir, draft_dir, ExportConfig(dtype=dtype), 64)
+    layers = [m for m in target.modules() if isinstance(m, GatedDeltaNet)]
+    assert layers and all(m.state.dtype == torch.float32 for m in layers)
+    assert target.embed_tokens.weight.dtype == draft.fc.weight.dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    with torch.no_grad():
+        logits, taps = target(torch.tensor([[1, 5, 7, 9]]), torch.arange(4))
+        proposals = draft(torch.tensor([[9] + [settings.mask_token_id] * 3]), taps, torch.arange(4))
+    assert torch.isfinite(logits).all() and torch.isfinite(proposals).all()

@@ -13,7 +13,7 @@ import logging
 import resource
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
+from dflash_et.params import parse
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class ExportConfig:
     dtype: str = "fp32"
     quantize: str = "none"
     group_size: int = 32
-    max_seq_len: int = 1024
+    max_seq_len: int = 512
     prefill_chunk: int = 64
     max_block_size: int | None = None
     shared_weights: bool = False
@@ -95,11 +96,8 @@ class ExportConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> "ExportConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ExportError(f"unknown export params {unknown}; known: {sorted(known)}")
-        config = cls(**params)
+        """The section (export.gguf, the package stage's, left out), checked."""
+        config = parse(cls, params, "export", error=ExportError)
         config.check()
         return config
 
@@ -147,7 +145,7 @@ class ExportConfig:
 
 def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
     """Quantize `model` in place with torchao, as `export.quantize` and (for a draft) `export.draft_head` say
-    (validate quantizes the eager twin the same way).
+    (`load_models` applies it, for the export and for validate's eager twin of it alike).
 
     XNNPACK (8da4w, 8da8w): int8 dynamic activations with int4 grouped / int8 per-channel weights on every
     Linear. MLX (4w): ExecuTorch's MLX LLM recipe (executorch/extension/llm/export/quantize.py `4w`, with
@@ -196,6 +194,20 @@ def _quantized(module: torch.nn.Module) -> bool:
     from torchao.utils import TorchAOBaseTensor
 
     return isinstance(module.weight, TorchAOBaseTensor) or module.weight.is_meta
+
+
+def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq_len: int, cache: str = "dense",
+                quantized: tuple[str, ...] = ("target", "draft"), **load) -> tuple[Target, Draft, DraftSettings]:
+    """The target and the draft as programs of `config` hold them: weights read in its dtype and quantized by its
+    recipe (`quantize`), each decoder layer as it loads, then the rest of the models named in `quantized` (the
+    program's own). `cache` is the attention backend: the backend's ops to export, `dense` for the eager twin
+    validate compares the programs with; `load` as checkpoints.check.load_pair takes it."""
+    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, cache, DTYPES[config.dtype],
+                                        partial(quantize, config=config), **load)
+    for name, model in (("target", target), ("draft", draft)):
+        if name in quantized:
+            quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
+    return target, draft, settings
 
 
 def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
@@ -377,12 +389,11 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
                           "portable only; set export.backend=xnnpack")
     ring = max(config.prefill_chunk, max_block) if config.sliding_cache == "ring" and config.backend != "mlx" else None
-    target, draft, settings = load_pair(target_dir, draft_dir, config.max_seq_len, CACHE_OF_BACKEND[config.backend],
-                                        DTYPES[config.dtype], partial(quantize, config=config), ring,
-                                        target_only=BORROWED if kind == "draft" else None, verify_call=max_block)
-    models = {k: m for k, m in (("target", target), ("draft", draft)) if kind in (k, "single")}
-    for model in models.values():
-        quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
+    own = tuple(k for k in ("target", "draft") if kind in (k, "single"))
+    target, draft, settings = load_models(target_dir, draft_dir, config, config.max_seq_len,
+                                          CACHE_OF_BACKEND[config.backend], own, ring_call=ring,
+                                          target_only=BORROWED if kind == "draft" else None, verify_call=max_block)
+    models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
     meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings)
     logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
     program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)

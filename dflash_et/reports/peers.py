@@ -12,12 +12,13 @@ import json
 import os
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.params import parse
 from dflash_et.peer.llama_cpp import VERSION, LlamaCpp, Refused, Server, gguf_pair, matched_type
 from dflash_et.reports.bench import BenchConfig
 from dflash_et.runtime.engine import BlockSize, Engine
@@ -36,11 +37,7 @@ class PeerConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> "PeerConfig":
-        unknown = set(params) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"peers.{sorted(unknown)[0]} is not a setting; the peers section takes "
-                             f"{', '.join(f.name for f in fields(cls))}")
-        config = cls(**{k: tuple(v) if k == "draft_max" else v for k, v in params.items()})
+        config = parse(cls, params, "peers")
         if not config.draft_max or min(config.draft_max) < 1:
             raise ValueError(f"peers.draft_max must list proposals per round >= 1, got {list(config.draft_max)}")
         return config

@@ -15,13 +15,14 @@ from pathlib import Path
 import torch
 
 from dflash_et.checkpoints.check import load_pair
-from dflash_et.export.lower import DTYPES, ExportConfig, quantize
+from dflash_et.export.lower import ExportConfig, load_models
 from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.params import parse
 from dflash_et.reports import transformers_oracle
 
 
@@ -53,10 +54,7 @@ class ValidateConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> "ValidateConfig":
-        parts = {k: Limits(**params[k]) for k in ("fp32", "reduced") if k in params}
-        if "sampling" in params:
-            parts["sampling"] = SamplingCheck(**params["sampling"])
-        return cls(**{**params, **parts})
+        return parse(cls, params, "validate")
 
 
 class Worst:
@@ -170,47 +168,19 @@ def against_transformers(programs, target_dir: Path, layer_ids: list[int], promp
     return {"logits_rel_err": worst[0], "taps_rel_err": worst[1], "greedy_divergence": divergence}
 
 
-def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
-    """Run every check; returns the report (with `failures`, empty when all passed).
-
-    Programs this host cannot run (MLX ones anywhere but Apple silicon) are not a failure of the programs:
-    the report is then `skipped` with the reason, so the pipeline goes on and validate runs where they can.
-    """
-    skipped = missing_backend(programs_dir)
-    if skipped:
-        return {"skipped": skipped, "failures": []}
-    programs = load_programs(programs_dir)
+def _check_made_from(programs, target_dir: Path, draft_dir: Path) -> None:
+    """Refuse programs exported from other checkpoints than the ones given (their fingerprints differ)."""
     made_from = programs[0].meta.checkpoint_id, programs[1].meta.draft_checkpoint_id
     for program, ckpt, made in zip(programs, (target_dir, draft_dir), made_from):
         if made != checkpoint_id(ckpt):
             raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
                                "programs (dvc repro) or point validate at the matching weights")
-    export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
-    target, draft, settings = load_pair(target_dir, draft_dir, programs[0].meta.max_context_len)
-    for model in (target, draft):  # the eager twin of each program: same dtype, same quantization
-        quantize(model.to(DTYPES[export_config.dtype]), export_config)
-    eager = (target, draft, settings)
-    tok = tokenizer(target_dir)
-    rows = load_prompts(config.prompt_set, config.prompts)
-    prompts = [encode_chat(tok, r["prompt"]) for r in rows]
-    labels = [f"prompt {i} ({_text(r['prompt'])[:40]!r})" for i, r in enumerate(rows)]
 
-    numerics = compare_numerics(programs, eager, prompts, labels)
-    eos = set(programs[0].meta.eos_ids)
-    exact = export_config.quantize == "none" and export_config.dtype == "fp32"
-    # What the reduced precision costs the model itself: the program against the fp32 weights it came from
-    fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta.max_context_len),
-                                               prompts, labels)
-    limits = config.fp32 if exact else config.reduced
-    oracle = against_transformers(programs, target_dir, settings.target_layer_ids, prompts, labels, eos,
-                                  config.max_new_tokens) if exact else \
-        {"skipped": "reduced precision: compared with its quantized eager twin only"}
-    lossless_fraction, why, taus = check_lossless(programs, prompts, labels, eos, config.max_new_tokens,
-                                                  eager[2].mask_token_id)
-    sampling = check_sampling(programs, prompts, labels, eos, eager[2].mask_token_id, config.sampling)
+
+def _failures(numerics: dict, fp32: dict | None, oracle: dict, why: str | None, sampling: dict, limits: Limits,
+              draft_limits: Limits) -> list[str]:
+    """Every check that missed its limit, one line each (empty: validate passed)."""
     worst = numerics["worst"]
-    # an int8 draft head (export.draft_head) makes the draft reduced precision; the target alone decides exactness
-    draft_limits = limits if export_config.draft_head == "same" else config.reduced
     failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {lim.max_rel_err:g} on {worst[f'{name}_rel'].where}"
                 for name, lim in (("target", limits), ("draft", draft_limits)) if worst[f"{name}_rel"].value > lim.max_rel_err]
     if numerics["token_agreement"] < limits.min_token_agreement:
@@ -228,6 +198,46 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     if not sampling["same_distribution"] and limits.require_lossless:
         failures.append(f"sampled DFlash differs from target.pte's distribution: chi-square p-value "
                         f"{sampling['min_p_value']:.2g} < {sampling['threshold']:.2g} on {sampling['where']}")
+    return failures
+
+
+def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: ValidateConfig) -> dict:
+    """Run every check; returns the report (with `failures`, empty when all passed).
+
+    Programs this host cannot run (MLX ones anywhere but Apple silicon) are not a failure of the programs:
+    the report is then `skipped` with the reason, so the pipeline goes on and validate runs where they can.
+    """
+    skipped = missing_backend(programs_dir)
+    if skipped:
+        return {"skipped": skipped, "failures": []}
+    programs = load_programs(programs_dir)
+    _check_made_from(programs, target_dir, draft_dir)
+    export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
+    # the eager twin of each program, loaded as export loads it: same dtype, same quantization
+    eager = load_models(target_dir, draft_dir, export_config, programs[0].meta.max_context_len)
+    settings = eager[2]
+    tok = tokenizer(target_dir)
+    rows = load_prompts(config.prompt_set, config.prompts)
+    prompts = [encode_chat(tok, r["prompt"]) for r in rows]
+    labels = [f"prompt {i} ({_text(r['prompt'])[:40]!r})" for i, r in enumerate(rows)]
+
+    numerics = compare_numerics(programs, eager, prompts, labels)
+    eos = set(programs[0].meta.eos_ids)
+    exact = export_config.quantize == "none" and export_config.dtype == "fp32"
+    # What the reduced precision costs the model itself: the program against the fp32 weights it came from
+    fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta.max_context_len),
+                                               prompts, labels)
+    limits = config.fp32 if exact else config.reduced
+    oracle = against_transformers(programs, target_dir, settings.target_layer_ids, prompts, labels, eos,
+                                  config.max_new_tokens) if exact else \
+        {"skipped": "reduced precision: compared with its quantized eager twin only"}
+    lossless_fraction, why, taus = check_lossless(programs, prompts, labels, eos, config.max_new_tokens,
+                                                  settings.mask_token_id)
+    sampling = check_sampling(programs, prompts, labels, eos, settings.mask_token_id, config.sampling)
+    worst = numerics["worst"]
+    # an int8 draft head (export.draft_head) makes the draft reduced precision; the target alone decides exactness
+    draft_limits = limits if export_config.draft_head == "same" else config.reduced
+    failures = _failures(numerics, fp32, oracle, why, sampling, limits, draft_limits)
     return {
         "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,
         "draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value,

@@ -46,7 +46,7 @@ class TrainConfig:
     """The `train_draft` section of params.yaml."""
 
     steps: int = 2000             # at most; see compute_budget
-    compute_budget: float | None = None  # multiply-accumulates a run may spend (None: no cap); see planned_steps
+    compute_budget: float | None = 1.0e14  # multiply-accumulates a run may spend (None: no cap); see planned_steps
     lr: float = 1e-3
     batch: int = 4                # sequences per step (per rank)
     block_size: int = 16
@@ -248,6 +248,37 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print,
             torch.distributed.destroy_process_group()
 
 
+def _fit(draft: Draft, data: list[Sequence], config: TrainConfig, steps: int, mask_id: int, rank: int,
+         distributed: bool, live) -> list[float]:
+    """`steps` AdamW steps of the draft on batches drawn from `data` (learning rate: 20 steps of warmup, then a
+    cosine to 0); returns each step's loss, which rank 0 logs with the learning rate to `live` (DVCLive)."""
+    model = draft
+    if distributed:  # every rank steps with the mean gradient; the caches are not model state
+        model = torch.nn.parallel.DistributedDataParallel(draft, broadcast_buffers=False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    gen = torch.Generator().manual_seed(config.seed * 1000 + rank)
+    losses = []
+    for step in tqdm(range(steps), desc="[train_draft] training", unit="step", disable=rank != 0):
+        picks = [data[i] for i in torch.randint(0, len(data), (config.batch,), generator=gen).tolist()]
+        batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
+                     config.gamma)
+        loss = batch_loss(model, batch)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        schedule.step()
+        losses.append(loss.item())
+        if live:
+            live.log_metric("loss", losses[-1])
+            live.log_metric("lr", schedule.get_last_lr()[0])
+            live.next_step()
+    return losses
+
+
 def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, distributed: bool, log,
            live_dir: Path) -> dict:
     from dvclive import Live
@@ -274,31 +305,8 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
     log(f"[train_draft] {steps} steps of {step_macs(config, draft):.2e} MACs"
         + (f" (compute_budget {config.compute_budget:.2e})" if steps < config.steps else ""))
 
-    model = draft
-    if distributed:  # every rank steps with the mean gradient; the caches are not model state
-        model = torch.nn.parallel.DistributedDataParallel(draft, broadcast_buffers=False)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    gen = torch.Generator().manual_seed(config.seed * 1000 + rank)
-    losses = []
     live = Live(str(live_dir), save_dvc_exp=False, dvcyaml=None) if rank == 0 else None
-    for step in tqdm(range(steps), desc="[train_draft] training", unit="step", disable=rank != 0):
-        picks = [data[i] for i in torch.randint(0, len(data), (config.batch,), generator=gen).tolist()]
-        batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
-                     config.gamma)
-        loss = batch_loss(model, batch)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        schedule.step()
-        losses.append(loss.item())
-        if live:
-            live.log_metric("loss", losses[-1])
-            live.log_metric("lr", schedule.get_last_lr()[0])
-            live.next_step()
+    losses = _fit(draft, data, config, steps, mask_id, rank, distributed, live)
 
     tau_after = acceptance(target, draft, heldout, eos, config, mask_id, "trained")
     log(f"[train_draft] held-out tau {tau_before:.2f} -> {tau_after:.2f} ({time.perf_counter() - t0:.0f} s)")

@@ -165,20 +165,14 @@ def metric(f: Callable[[Runs], object]) -> Callable[[Runs], object]:
     return f
 
 
-@metric
-def block_size(runs: Runs) -> BlockSize:
-    return runs.block_size
+def recorded(name: str, of: Callable[[Runs], object]) -> None:
+    """A metric that says how the run was made (a setting, a count), not what it measured."""
+    METRICS[name] = of
 
 
-@metric
-def runner(runs: Runs) -> str:
-    """The host loop that decoded: python or cpp."""
-    return runs.config.runner
-
-
-@metric
-def sampling(runs: Runs) -> dict:
-    return runs.settings.settings()
+recorded("block_size", lambda runs: runs.block_size)
+recorded("runner", lambda runs: runs.config.runner)  # the host loop that decoded: python or cpp
+recorded("sampling", lambda runs: runs.settings.settings())
 
 
 @metric
@@ -230,19 +224,9 @@ def lossless(runs: Runs) -> bool | None:
     return runs.lossless if runs.settings.greedy else None
 
 
-@metric
-def prompts(runs: Runs) -> int:
-    return runs.prompts
-
-
-@metric
-def repeats(runs: Runs) -> int:
-    return runs.config.repeats
-
-
-@metric
-def rounds(runs: Runs) -> int:
-    return len(runs.rounds(runs.headline))
+recorded("prompts", lambda runs: runs.prompts)
+recorded("repeats", lambda runs: runs.config.repeats)
+recorded("rounds", lambda runs: len(runs.rounds(runs.headline)))
 
 
 def _accepted(runs: Runs) -> list[int]:

@@ -34,11 +34,11 @@ def gemma_programs(tmp_path_factory):
     """fp32 XNNPACK programs of a random Gemma 4 pair (randomized norms and layer scalars, window 4, so the
     ring-buffer sliding caches wrap), with a Gemma-style tokenizer, as the pipeline builds them."""
     from dflash_et.checkpoints import builtin
+    from dflash_et.checkpoints.families import gemma4
 
     root = tmp_path_factory.mktemp("gemma-programs")
     target = random_checkpoint(root / "target", "gemma4_text", vocab_size=builtin.VOCAB_SIZE)
-    builtin.build_tokenizer(builtin.GEMMA_SPECIAL_TOKENS, "<end_of_turn>", "<pad>",
-                            builtin.GEMMA_CHAT_TEMPLATE).save_pretrained(target)
+    builtin.build_tokenizer(**gemma4.FAMILY.builtin.tokenizer).save_pretrained(target)
     return build_programs((target, gemma_draft(root / "draft", target)), root, stock_forward=False), target, root / "draft"
 
 

@@ -240,6 +240,26 @@ def test_an_unpatched_tokenizers_tree_is_refused_at_configure(runner, tmp_path):
             in " ".join(done.stderr.split()))
 
 
+def test_a_missing_patch_command_or_a_patch_that_does_not_apply_is_one_line(runner, tmp_path, monkeypatch):
+    sdist = toolchain.tokenizers_source().parent / toolchain.TOKENIZERS.filename
+    cache = tmp_path / f"pytorch-tokenizers-{toolchain.TOKENIZERS.version}"
+    cache.mkdir()
+    shutil.copy2(sdist, cache)
+    real_which = shutil.which
+    with monkeypatch.context() as m:
+        m.setattr(toolchain.shutil, "which", lambda name: None if name == "patch" else real_which(name))
+        with pytest.raises(UserError, match=r"^the `patch` command is not installed; the C\+\+ runner's tokenizer "
+                                            r"needs it \(Debian: apt install patch\)$"):
+            toolchain.tokenizers_source(tmp_path)
+    bad = tmp_path / "bad.patch"
+    bad.write_text("--- a/src/nowhere.cpp\n+++ b/src/nowhere.cpp\n@@ -1 +1 @@\n-old\n+new\n")
+    monkeypatch.setattr(toolchain, "PATCH", bad)
+    with pytest.raises(UserError, match=rf"^{bad} does not apply to {toolchain.TOKENIZERS.filename}: .*nowhere") as e:
+        toolchain.tokenizers_source(tmp_path)
+    assert "\n" not in str(e.value)
+    assert not list(cache.glob("src-*"))  # nothing half-patched is left where the build would take it
+
+
 def test_a_failed_tokenizers_download_says_where_to_put_the_file(tmp_path, monkeypatch):
     import urllib.request
 

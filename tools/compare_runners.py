@@ -11,11 +11,10 @@ runners do). Each turn prints both speedups, their auto's tau and the ratio. Bui
 import argparse
 from pathlib import Path
 
-from dflash_et.runtime.cpp_runner import CppEngine  # first: it sets OMP_NUM_THREADS before torch loads
+from dflash_et.runtime.decoder import open_decoder  # first: it sets OMP_NUM_THREADS before torch loads
 from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
 from dflash_et.reports.bench import throughput
 from dflash_et.runtime.adaptive import AUTO
-from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import pooled_tau
 from dflash_et.runtime.sampling import Sampler, Sampling
 
@@ -32,8 +31,8 @@ def main() -> None:
     tok = tokenizer(args.programs)
     prompts = [encode_chat(tok, row["prompt"]) for row in load_prompts(args.prompts, args.num_prompts)]
     greedy = Sampler(Sampling())
-    with CppEngine(args.programs) as cpp:
-        engines = {"python": Engine(args.programs), "cpp": cpp}
+    with open_decoder(args.programs, "python") as python, open_decoder(args.programs, "cpp") as cpp:
+        engines = {"python": python, "cpp": cpp}
         for engine in engines.values():
             engine.cost_curve(args.latency_repeats)
             engine.ar(prompts[0], args.max_new_tokens, sampler=greedy)  # warm-up

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig
 
 from dflash_et.checkpoints import builtin, zlab
+from dflash_et.checkpoints.families import gemma4
 
 SHARD_BYTES = 1 << 29
 SETTINGS = {"fp32": {"dtype": "fp32"}, "bf16": {"dtype": "bf16"}, "8da4w": {"dtype": "fp32", "quantize": "8da4w"}}
@@ -37,8 +38,7 @@ def write_checkpoint(out: Path, layers: int, hidden: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
     GenerationConfig(bos_token_id=2, eos_token_id=[1, 6], pad_token_id=0).save_pretrained(out)
-    builtin.build_tokenizer(builtin.GEMMA_SPECIAL_TOKENS, "<end_of_turn>", "<pad>", builtin.GEMMA_CHAT_TEMPLATE) \
-        .save_pretrained(out)
+    builtin.build_tokenizer(**gemma4.FAMILY.builtin.tokenizer).save_pretrained(out)
     gen = torch.Generator().manual_seed(0)
     weight_map, shard, size, n = {}, {}, 0, 0
 

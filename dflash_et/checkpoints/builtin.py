@@ -16,9 +16,6 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from dflash_et.checkpoints import families, zlab
-# Gemma 4's built-in tokenizer, still named here for the tests and tools that build one
-from dflash_et.checkpoints.families.gemma4 import CHAT_TEMPLATE as GEMMA_CHAT_TEMPLATE  # noqa: F401
-from dflash_et.checkpoints.families.gemma4 import SPECIAL_TOKENS as GEMMA_SPECIAL_TOKENS  # noqa: F401
 from dflash_et.checkpoints.load import eos_ids
 from dflash_et.data.corpus import samples
 from dflash_et.threads import all_cores

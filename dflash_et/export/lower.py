@@ -8,7 +8,6 @@ draft's method too, as upstream's DFlash example does, storing the weights they 
 """
 
 import copy
-import json
 import logging
 import resource
 import time

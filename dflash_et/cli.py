@@ -14,7 +14,7 @@ from dflash_et.runtime.decoder import RUNNERS, Decoder, open_decoder
 from dflash_et.runtime.engine import BlockSize
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 from dflash_et.errors import UserError
-from dflash_et.data.prompts import encode_chat, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
 
 
 def parser() -> argparse.ArgumentParser:

@@ -3,8 +3,7 @@
 ExecuTorch's attention kernel (llama::custom_sdpa) runs its matrix products through torch's MKL
 from inside ExecuTorch's own thread pool. A thread OpenMP did not start takes its team size from
 OMP_NUM_THREADS, so unless that is 1 every pool worker fans out again and two cores carry four busy
-threads. On this project's 2-core machine a 16-token verify of the built-in target took 2.6-4.5 ms
-that way and 1.2-1.3 ms with OMP_NUM_THREADS=1; one-token calls were unaffected. The variable only
+threads, slowing every multi-token call (docs/measurements.md#threads has the figures). The variable only
 works if it is set before torch loads OpenMP, which is why importing `dflash_et` sets it.
 Eager work that wants every core (training) asks for them with `all_cores()` and gives them back.
 """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dflash_et.files import write_csv, write_json
 from dflash_et.params import parse
-from dflash_et.reports import bench
+from dflash_et.evaluate import bench
 from runner.toolchain import build_runner
 from stages.common import params, run
 

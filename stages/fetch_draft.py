@@ -8,9 +8,14 @@ from pathlib import Path
 
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.files import staged_dir, write_json
-from dflash_et.training.train import train_draft
+from dflash_et.params import parse
+from dflash_et.training.train import TrainConfig, train_draft
 from stages.common import params, run
-from stages.train_draft import train_config
+
+
+def train_config(p: dict) -> TrainConfig:
+    """The train_draft section, with the draft's embedding scale from model.draft_embed_scale."""
+    return parse(TrainConfig, p.get("train_draft"), "train_draft", outside={"embed_scale": p["model"].draft_embed_scale})
 
 
 def main(argv: list[str]) -> None:

@@ -1,5 +1,5 @@
 """peer_bench stage (opt-in, `-S peer_bench=true`): `python -m stages.peer_bench PROGRAMS TARGET_DIR DRAFT_DIR
-COST_CURVE GGUF_DIR REPORT PLOT` measures llama.cpp beside the programs (dflash_et.reports.peers) and writes
+COST_CURVE GGUF_DIR REPORT PLOT` measures llama.cpp beside the programs (dflash_et.evaluate.peers) and writes
 peers.json (a DVC metric), its plot's rows and the GGUFs it converted. Off, it writes a `skipped` report and
 empty outputs, so the default pipeline builds nothing."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from dflash_et.files import staged_dir, write_csv, write_json
 from dflash_et.params import parse
-from dflash_et.reports.bench import BenchConfig
-from dflash_et.reports.peers import PLOT_COLUMNS, PeerConfig, run_peers
+from dflash_et.evaluate.bench import BenchConfig
+from dflash_et.evaluate.peers import PLOT_COLUMNS, PeerConfig, run_peers
 from stages.common import params, run
 
 

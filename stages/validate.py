@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from dflash_et.files import write_json
-from dflash_et.reports.validate import ValidateConfig, validate
+from dflash_et.evaluate.validate import ValidateConfig, validate
 from stages.common import params, run
 
 

@@ -223,9 +223,9 @@ def planned_arenas(pte: Path) -> dict[str, list[int]]:
 
 def numerics(programs_dir: Path, pair: tuple[Path, Path], export_config=None):
     """compare_numerics of the programs against the eager pair (quantized like the export when it was)."""
-    from dflash_et.checkpoints.check import load_pair
+    from dflash_et.checkpoints.pair import load_pair
     from dflash_et.export.lower import quantize
-    from dflash_et.reports.validate import compare_numerics
+    from dflash_et.evaluate.validate import compare_numerics
     from dflash_et.runtime.programs import load_programs
 
     progs = load_programs(programs_dir)
@@ -243,7 +243,7 @@ QUICK_SAMPLING_CHECK = {"samples": 100, "prompts": 1}  # validate.sampling for t
 def validate_config(**params):
     """validate's config for a test: the statistical sampling check at 100 samples (tests/test_sampled_programs.py
     runs it at full size), everything else as given."""
-    from dflash_et.reports.validate import ValidateConfig
+    from dflash_et.evaluate.validate import ValidateConfig
 
     return ValidateConfig.from_params({"sampling": QUICK_SAMPLING_CHECK, **params})
 

@@ -78,15 +78,15 @@ def test_calibration_learns_what_the_target_accepts():
 
 def test_a_good_draft_gets_long_blocks_and_the_cost_curve_cuts_them():
     flat = run(ScriptedDraft(), by_curve(curve(0.02)))
-    assert np.mean([r.proposed for r in flat.rounds[5:]]) > 12 and flat.tau > 10
+    assert np.mean([r.verified for r in flat.rounds[5:]]) > 12 and flat.tau > 10
     step = run(ScriptedDraft(), by_curve(curve(target=[1, 1.1, 1.2, 1.3] + [9] * 12)))
-    assert {r.proposed for r in step.rounds[:-1]} == {3} and {r.drafted for r in step.rounds[5:-1]} == {3}
+    assert {r.verified for r in step.rounds[:-1]} == {3} and {r.drafted for r in step.rounds[5:-1]} == {3}
 
 
 def test_unsure_proposals_are_not_verified():
     """Sure of its first three proposals, a coin flip on the rest: verify the three (the curve charges 0.1 a token)."""
     out = run(ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12), by_curve(curve(0.3)))
-    assert [r.proposed for r in out.rounds[10:]] == [3] * len(out.rounds[10:-1]) + [out.rounds[-1].proposed]
+    assert [r.verified for r in out.rounds[10:]] == [3] * len(out.rounds[10:-1]) + [out.rounds[-1].verified]
 
 
 def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
@@ -104,7 +104,7 @@ def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
     pos, cost, plain = 10, 0.0, 0.0  # what the bad stretch cost after the entry, by the curve, against plain steps
     for r in out.rounds:
         if bad[entry] < pos < 400:
-            cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.proposed + 1, pos)
+            cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.verified + 1, pos)
             plain += r.emitted * planner.curve.target(1, pos)
         pos += r.emitted
     assert cost < 1.05 * plain
@@ -137,7 +137,7 @@ def test_openings_choose_their_block_from_their_own_window():
     for _ in range(40):
         out = generate_dflash(target, draft, TRUTH[:10], 40, set(), 1024, 16, 16, MASK, planner=planner)
         assert out.tokens == TRUTH[10:50]
-    assert out.rounds[0].drafted == 15 and out.rounds[0].accepted == out.rounds[0].proposed  # k: by confidence
+    assert out.rounds[0].drafted == 15 and out.rounds[0].accepted == out.rounds[0].verified  # k: by confidence
     assert all(1 <= r.drafted <= 4 for r in out.rounds[1:-1])
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from dflash_et.checkpoints.builtin import build_tokenizer
 from dflash_et.data.corpus import SPLITS
-from dflash_et.data.prompts import ASSISTANT_PROMPTS, encode_chat, load_prompts
+from dflash_et.data.chat import encode_chat
+from dflash_et.data.prompts import ASSISTANT_PROMPTS, load_prompts
 
 GENERATOR = Path(__file__).resolve().parent.parent / "tools" / "make_assistant_prompts.py"
 CATEGORIES = ("math", "code", "chat", "summarize", "rewrite", "multi-turn")

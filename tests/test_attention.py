@@ -5,7 +5,7 @@ calls that write context and block rows, decode, and roll back."""
 import pytest
 import torch
 
-from dflash_et.models.attention import CACHES, AttentionSpec, ring_rows
+from dflash_et.models.attention import CACHE_OF_OPS, AttentionSpec, ring_rows
 
 SPECS = {
     "causal-gqa": AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16),
@@ -31,17 +31,17 @@ def reference(spec: AttentionSpec, q, keys, values, q_pos):
     return out
 
 
-@pytest.mark.parametrize("backend", [*sorted(CACHES), "llama-ring"])
+@pytest.mark.parametrize("backend", [*sorted(CACHE_OF_OPS), "llama-ring"])
 @pytest.mark.parametrize("name", SPECS)
 def test_backend_matches_reference(backend, name):
     """`llama-ring`: windowed layers in a ring buffer sized for the longest call (9 key rows)."""
     spec = SPECS[name]
     if backend == "llama-ring":
-        rows = ring_rows(spec, 32, longest_call=max(s for _, s, _ in CALLS))
+        rows = ring_rows(spec, 32, max_call=max(s for _, s, _ in CALLS))
         assert (rows is None) == (spec.window is None) and (rows is None or rows < 32)
-        cache = CACHES["llama"](spec, max_seq_len=32, rows=rows)
+        cache = CACHE_OF_OPS["llama"](spec, max_seq_len=32, rows=rows)
     else:
-        cache = CACHES[backend](spec, max_seq_len=32)
+        cache = CACHE_OF_OPS[backend](spec, max_seq_len=32)
     g = torch.Generator().manual_seed(0)
     keys = torch.empty(1, 0, spec.num_kv_heads, spec.head_dim)
     values = keys.clone()
@@ -59,7 +59,7 @@ def test_backend_matches_reference(backend, name):
 def test_dense_with_an_explicit_mask_caches_nothing(name):
     """Training's path: the given K/V rows only, at the given positions, under mask AND the spec."""
     spec = SPECS[name]
-    cache = CACHES["dense"](spec, max_seq_len=32)
+    cache = CACHE_OF_OPS["torch"](spec, max_seq_len=32)
     g = torch.Generator().manual_seed(1)
     s, t = 10, 4
     q = torch.randn(1, t, spec.num_heads, spec.head_dim, generator=g)
@@ -89,7 +89,7 @@ def test_llama_windows_in_half_precision(dtype, rows):
     """llama::custom_sdpa's kernel takes float32 masks only: a half-precision model's window mask must
     still be float32 (a bf16 mask fails to export, an fp16 one computes NaN)."""
     spec = SPECS["causal-window-scale"]
-    llama, dense = CACHES["llama"](spec, 32, rows).to(dtype), CACHES["dense"](spec, 32).to(dtype)
+    llama, dense = CACHE_OF_OPS["llama"](spec, 32, rows).to(dtype), CACHE_OF_OPS["torch"](spec, 32).to(dtype)
     g = torch.Generator().manual_seed(2)
     for start, s, t in CALLS[:4]:
         q = torch.randn(1, t, spec.num_heads, spec.head_dim, generator=g).to(dtype)

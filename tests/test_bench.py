@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dflash_et.reports.bench import PLOT_COLUMNS, BenchConfig, run_bench
+from dflash_et.evaluate.bench import PLOT_COLUMNS, BenchConfig, run_bench
 from dflash_et.data.prompts import load_prompts
 
 
@@ -99,7 +99,7 @@ def test_every_registered_metric_and_plot_reaches_bench_json_the_printout_and_th
     """bench.json, the stage's printout and the plot CSVs read one registry: what is registered there (a metric, a
     line of the printout, a plot) comes out of the stage with no other change."""
     import stages.bench
-    from dflash_et.reports import bench
+    from dflash_et.evaluate import bench
 
     def tokens_decoded(runs: bench.Runs) -> int:
         return sum(len(g.tokens) - 1 for g in runs.pooled(runs.headline))

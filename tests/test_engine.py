@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from dflash_et import cli
-from dflash_et.checkpoints.check import load_pair
-from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+from dflash_et.checkpoints.pair import load_pair
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import builtin_prompts
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import generate_ar
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -46,7 +47,7 @@ def test_engine_dflash_matches_eager_reference(engine, trained_pair, prompts, fa
         for block in (2, 5, facts["block_size"]):
             out = engine.dflash(ids, 24, block)
             assert out.tokens == reference
-            assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in out.rounds if r.proposed)
+            assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in out.rounds if r.verified)
 
 
 def test_engine_stops_at_eos(engine, prompts, monkeypatch):
@@ -81,7 +82,7 @@ def test_engine_auto_is_lossless_and_learns_across_generations(engine, prompts):
     assert [o.tokens for o in outs] == [engine.ar(ids, 24).tokens for ids in prompts]
     rounds = [r for o in outs for r in o.rounds]
     assert sum(r.accepted for r in rounds) > len(rounds)  # the trained draft is used, not fallen back from
-    assert all(r.proposed <= r.drafted < engine.max_block_size for r in rounds)
+    assert all(r.verified <= r.drafted < engine.max_block_size for r in rounds)
     drafted = sum(1 for r in rounds if r.drafted)  # each counted once the next round shows whether its reply went on
     assert engine.planner().rounds == drafted - bool(rounds[-1].drafted)
     assert engine.cost_curve().programs == engine.identity and engine.cost_curve().max_block == engine.max_block_size

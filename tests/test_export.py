@@ -10,7 +10,7 @@ import pytest
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import ExportConfig, export_program
 from dflash_et.export.package import TOKENIZER_FILES, merge_weights, package
-from dflash_et.reports.validate import ValidateConfig, call_plan, check_lossless, validate
+from dflash_et.evaluate.validate import ValidateConfig, call_plan, check_lossless, validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs
 from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, QUICK_SAMPLING_CHECK, checkpoint_facts, numerics, validate_config
 
@@ -47,7 +47,8 @@ def test_programs_are_self_describing(programs, trained_pair):
 def test_dflash_over_programs_accepts_proposals_and_is_lossless(programs, trained_pair):
     """The trained draft's proposals are mostly accepted through the programs (so the draft's context
     cache after accepted rounds is exercised), at every block size, and DFlash stays exact."""
-    from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+    from dflash_et.data.chat import encode_chat, tokenizer
+    from dflash_et.data.prompts import builtin_prompts
 
     progs = load_programs(programs)
     facts = checkpoint_facts(trained_pair)

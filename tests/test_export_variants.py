@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_et.checkpoints.check import load_pair
+from dflash_et.checkpoints.pair import load_pair
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program, quantize
 from dflash_et.export.package import package
-from dflash_et.reports.validate import validate
+from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs, missing_backend
 from tests.conftest import (MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts, numerics,
                             validate_config)
@@ -57,11 +57,11 @@ def test_bad_export_settings(params, message):
         ExportConfig.from_params(params)
 
 
-@pytest.mark.parametrize("cache", ["llama", "mlx"])
-def test_backend_models_compute_the_eager_models_results(trained_pair, cache):
+@pytest.mark.parametrize("ops", ["llama", "mlx"])
+def test_backend_models_compute_the_eager_models_results(trained_pair, ops):
     """The models built for export (ExecuTorch's or MLX's cache ops) give the dense eager models' results."""
     ref_target, ref_draft, settings = load_pair(*trained_pair, max_seq_len=64)
-    target, draft, _ = load_pair(*trained_pair, max_seq_len=64, cache=cache)
+    target, draft, _ = load_pair(*trained_pair, max_seq_len=64, ops=ops)
     block = torch.tensor([[3] + [settings.mask_token_id] * 7])
     with torch.no_grad():
         for tokens, start in [(torch.arange(9)[None], 0), (torch.arange(4)[None] + 20, 9), (torch.arange(3)[None], 10)]:

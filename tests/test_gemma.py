@@ -42,15 +42,16 @@ def gemma_programs(tmp_path_factory):
     return build_programs((target, gemma_draft(root / "draft", target)), root, stock_forward=False), target, root / "draft"
 
 
-@pytest.mark.parametrize("cache, ring_call", [("llama", None), ("llama", 8), ("mlx", None)])
-def test_gemma_target_through_the_backends_matches_transformers(gemma_target, cache, ring_call):
+@pytest.mark.parametrize("ops, ring", [("llama", False), ("llama", True), ("mlx", False)])
+def test_gemma_target_through_the_backends_matches_transformers(gemma_target, ops, ring):
     """The exported attention (ExecuTorch's llama ops, with full-length or ring-buffer sliding caches;
     MLX's ops) across prefill past the window, verify and rollback; the dense cache is covered with the
     other families in test_model."""
     hf = AutoModelForCausalLM.from_pretrained(gemma_target).eval()
-    target = load_target(gemma_target, TAPS, max_seq_len=64, cache=cache, ring_call=ring_call)
-    if ring_call:
-        assert [layer.self_attn.cache.k_cache.shape[1] for layer in target.layers] == [11, 11, 64, 11, 11, 64]
+    target = load_target(gemma_target, TAPS, max_seq_len=64, ops=ops, max_call=8, ring=ring)
+    caches = [layer.self_attn.cache for layer in target.layers]
+    rows = [c.k_cache.shape[2 if c.heads_first else 1] for c in caches]
+    assert rows == ([11, 11, 64, 11, 11, 64] if ring else [64] * 6)
     check_against_hf(target, hf, TAPS, cache_calls(hf.config.vocab_size, seed=2))
 
 
@@ -147,7 +148,7 @@ def test_gemma_target_program_matches_transformers(gemma_programs):
 def test_gemma_programs_validate(gemma_programs):
     """The validate stage's checks on the Gemma pair: both programs against the eager models over prefill,
     decode, verify and rollback, and DFlash over the programs lossless against plain greedy decoding."""
-    from dflash_et.reports.validate import validate
+    from dflash_et.evaluate.validate import validate
 
     programs, target_dir, draft_dir = gemma_programs
     report = validate(programs, target_dir, draft_dir, validate_config(prompts=2, max_new_tokens=40))

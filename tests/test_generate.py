@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dflash_et.checkpoints.check import load_pair
+from dflash_et.checkpoints.pair import load_pair
 from dflash_et.data.corpus import samples
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 
@@ -87,8 +87,8 @@ def test_dflash_accepts_good_proposals_and_stays_lossless(models, prompts, block
         assert all(r.emitted == r.accepted + 1 for r in out.rounds[:-1])
         assert draft.fed == list(range(len(draft.fed))), "each context position is fed to the draft exactly once"
         if p == 0.0:  # perfect proposals: every round accepts its whole (possibly clamped) block
-            assert all(r.accepted == r.proposed == block - 1 for r in out.rounds[:-1])
-            assert out.rounds[-1].accepted == out.rounds[-1].proposed
+            assert all(r.accepted == r.verified == block - 1 for r in out.rounds[:-1])
+            assert out.rounds[-1].accepted == out.rounds[-1].verified
 
 
 def test_eos_stops_and_nothing_after_it(models, prompts):

@@ -14,7 +14,7 @@ from dflash_et.checkpoints import fetch as fetch_module
 from dflash_et.checkpoints import from_gguf, zlab
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.checkpoints.load import eos_ids, load_target
-from dflash_et.data.prompts import encode_chat
+from dflash_et.data.chat import encode_chat
 from dflash_et.errors import CheckpointError
 from tests.gguf_fixture import IM_END, tiny_llama, tiny_qwen3, write_gguf
 from tests.test_fetch import assert_refused, hub, hub_cache  # noqa: F401  (hub is a fixture)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from dflash_et.errors import ProgramError
-from dflash_et.reports.bench import PLOT_COLUMNS, BenchConfig, run_bench
-from dflash_et.reports.validate import ValidateConfig, validate
+from dflash_et.evaluate.bench import PLOT_COLUMNS, BenchConfig, run_bench
+from dflash_et.evaluate.validate import ValidateConfig, validate
 from dflash_et.runtime import programs as runtime_programs
 from dflash_et.runtime.programs import missing_backend
 from tests.conftest import REPO

@@ -16,7 +16,7 @@ from dflash_et.checkpoints.load import load_target, model_args
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.export.lower import ExportConfig, export_program
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
-from dflash_et.reports.validate import validate
+from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
 from tests.conftest import (assert_program_matches_eager, build_programs, random_checkpoint, random_draft,
@@ -67,20 +67,20 @@ def test_config_reads_as_hybrid(hybrid_target):
     assert layers[1].output_gate and layers[1].qk_norm
 
 
-@pytest.mark.parametrize("cache, ring_call, verify_call", [("dense", None, None), ("dense", None, 4), ("llama", 8, None),
-                                                          ("llama", 8, 4)])
-def test_hybrid_target_matches_transformers(hybrid_target, cache, ring_call, verify_call):
+@pytest.mark.parametrize("ops, max_call, verify_call", [("torch", None, None), ("torch", None, 4), ("llama", 8, None),
+                                                        ("llama", 8, 4)])
+def test_hybrid_target_matches_transformers(hybrid_target, ops, max_call, verify_call):
     """Each call equals transformers on the whole sequence so far (no cache): the DeltaNet state after a
     partly kept verify call is the state after exactly the kept tokens, replayed; after a call kept whole
     (longer ones too: verify_call 4) it is that call's final state."""
-    target = load_target(hybrid_target, TAPS, max_seq_len=64, cache=cache, ring_call=ring_call, verify_call=verify_call)
+    target = load_target(hybrid_target, TAPS, max_seq_len=64, ops=ops, max_call=max_call, verify_call=verify_call)
     check_against_hf(target, float64_oracle(hybrid_target), TAPS, forward_calls(300), TOL)
 
 
 def test_a_new_sequence_ignores_what_the_state_buffers_held(hybrid_target):
     """ExecuTorch does not zero a program's mutable buffers: whatever they hold (NaN here) must not reach a
     sequence that starts at 0, nor leak from rows a later replay masks out."""
-    target = load_target(hybrid_target, TAPS, max_seq_len=64, cache="llama", ring_call=8)
+    target = load_target(hybrid_target, TAPS, max_seq_len=64, ops="llama", max_call=8)
     for layer in target.modules():
         if isinstance(layer, GatedDeltaNet):
             for name in ("state", "conv_in", "keys", "values", "decays", "betas"):
@@ -190,9 +190,19 @@ def test_mlx_export_of_a_hybrid_target_is_refused(hybrid_programs, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_deltanet_layer_names_the_backends_it_runs_on():
-    with pytest.raises(ValueError, match="Gated DeltaNet layers run on the dense and llama backends, not mlx"):
-        GatedDeltaNet(64, DeltaNetSpec(2, 4, 8, 8, 4), 1e-6, 8, 4, cache="mlx")
+def test_a_deltanet_layer_names_the_op_sets_it_runs_on():
+    with pytest.raises(ValueError, match="Gated DeltaNet layers run on the torch and llama op sets, not mlx"):
+        GatedDeltaNet(64, DeltaNetSpec(2, 4, 8, 8, 4), 1e-6, 8, 4, ops="mlx")
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_deltanet_buffers_follow_the_longest_call_not_the_sliding_cache(hybrid_target, ring):
+    """`export.sliding_cache: full` keeps the attention's sliding layers full length; the DeltaNet layers'
+    inputs are still sized by the longest call (they once grew to max_seq_len with it)."""
+    target = load_target(hybrid_target, TAPS, max_seq_len=64, ops="llama", max_call=8, verify_call=4, ring=ring)
+    deltanets = [m for m in target.modules() if isinstance(m, GatedDeltaNet)]
+    assert deltanets and all(m.conv_in.shape[1] == m.spec.conv_kernel - 1 + 8 and m.keys.shape[2] == 4
+                             for m in deltanets)
 
 
 def test_cpp_runner_runs_hybrid_programs(hybrid_programs, runner):
@@ -208,7 +218,7 @@ def test_cpp_runner_runs_hybrid_programs(hybrid_programs, runner):
         ours = [cpp.dflash(ids, 24, 8) for ids in prompts] + [cpp.ar(ids, 24) for ids in prompts]
     for a, b in zip(ours, theirs):
         assert a.tokens == b.tokens
-        assert [(r.proposed, r.accepted) for r in a.rounds] == [(r.proposed, r.accepted) for r in b.rounds]
+        assert [(r.verified, r.accepted) for r in a.rounds] == [(r.verified, r.accepted) for r in b.rounds]
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -10,12 +10,12 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from dflash_et.data.prompts import encode_chat, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.export.lower import ExportConfig
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD
-from dflash_et.reports.bench import BenchConfig, run_bench
-from dflash_et.reports.validate import validate
+from dflash_et.evaluate.bench import BenchConfig, run_bench
+from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from tests.conftest import checkpoint_facts, planned_arenas, validate_config

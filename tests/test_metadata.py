@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_et.data.prompts import tokenizer
+from dflash_et.data.chat import tokenizer
 from dflash_et.errors import ProgramError
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, method_name
 from dflash_et.runtime.generate import generate_ar

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from dflash_et.checkpoints.check import load_pair
+from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.load import load_config, load_target, weight_files
 from dflash_et.errors import CheckpointError
 from tests.conftest import TARGET_CONFIGS, random_checkpoint

@@ -10,12 +10,12 @@ import yaml
 from dflash_et.errors import ExportError, UserError
 from dflash_et.export.lower import ExportConfig
 from dflash_et.params import parse
-from dflash_et.reports.bench import BenchConfig
-from dflash_et.reports.peers import PeerConfig
-from dflash_et.reports.validate import Limits, ValidateConfig
+from dflash_et.evaluate.bench import BenchConfig
+from dflash_et.evaluate.peers import PeerConfig
+from dflash_et.evaluate.validate import Limits, ValidateConfig
 from dflash_et.training.train import TrainConfig
 from stages import common
-from stages.train_draft import train_config
+from stages.fetch_draft import train_config
 from tests.conftest import REPO
 
 # section -> (its dataclass, how the stages build it from params(), keys of the section that are not the class's)
@@ -112,13 +112,13 @@ def test_an_unknown_section_is_refused_in_one_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("stage, section, argv", [
-    ("fetch", "model", ["out"]),
-    ("fetch_draft", "train_draft", ["target", "draft", "live"]),
-    ("train_draft", "train_draft", ["target", "out"]),
-    ("export", "export", ["target", "target", "draft", "out"]),
-    ("validate", "validate", ["programs", "target", "draft", "report.json"]),
-    ("bench", "bench", ["programs", "bench.json", "plots", "curve.json"]),
-    ("peer_bench", "peers", ["programs", "target", "draft", "curve.json", "gguf", "peers.json", "peers.csv"]),
+    ("stages.fetch", "model", ["out"]),
+    ("stages.fetch_draft", "train_draft", ["target", "draft", "live"]),
+    ("tools.train_draft", "train_draft", ["target", "out"]),
+    ("stages.export", "export", ["target", "target", "draft", "out"]),
+    ("stages.validate", "validate", ["programs", "target", "draft", "report.json"]),
+    ("stages.bench", "bench", ["programs", "bench.json", "plots", "curve.json"]),
+    ("stages.peer_bench", "peers", ["programs", "target", "draft", "curve.json", "gguf", "peers.json", "peers.csv"]),
 ])
 def test_each_stage_refuses_an_unknown_key_of_its_section_in_one_line(tmp_path, monkeypatch, stage, section, argv):
     import importlib
@@ -129,6 +129,6 @@ def test_each_stage_refuses_an_unknown_key_of_its_section_in_one_line(tmp_path, 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", [stage, *argv])
     with pytest.raises(SystemExit) as e:
-        common.run(importlib.import_module(f"stages.{stage}").main)
+        common.run(importlib.import_module(stage).main)
     assert str(e.value).startswith(f"error: {section}.colour is not a setting; the {section} section takes ")
     assert "\n" not in str(e.value) and sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

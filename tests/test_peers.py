@@ -11,8 +11,8 @@ import pytest
 
 from dflash_et.peer import llama_cpp
 from dflash_et.peer.llama_cpp import LlamaCpp, PeerError
-from dflash_et.reports.bench import BenchConfig
-from dflash_et.reports.peers import PeerConfig, agreement, run_peers
+from dflash_et.evaluate.bench import BenchConfig
+from dflash_et.evaluate.peers import PeerConfig, agreement, run_peers
 from tests.conftest import REPO
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from dflash_et import cli
-from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import builtin_prompts
 from dflash_et.errors import ProgramError, UserError
 from dflash_et.runtime.adaptive import AdaptivePlanner, CostCurve
 from dflash_et.runtime.adaptive import confidence as adaptive_confidence
@@ -164,8 +165,8 @@ def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner
         assert cpp.peak_rss_kb > 0
     for a, b in zip(ours, theirs):
         assert a.tokens == b.tokens
-        assert [(r.proposed, r.accepted) for r in a.rounds] == [(r.proposed, r.accepted) for r in b.rounds]
-        assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in a.rounds if r.proposed)
+        assert [(r.verified, r.accepted) for r in a.rounds] == [(r.verified, r.accepted) for r in b.rounds]
+        assert all(r.draft_s > 0 and r.verify_s > 0 and r.host_s >= 0 for r in a.rounds if r.verified)
     assert sum(r.accepted for g in ours for r in g.rounds) > 50  # a trained draft: rollback and the taps are exercised
 
 
@@ -298,9 +299,9 @@ def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prom
         sampled = [cpp.dflash(prompts[0], 12, block, sampler=Sampler(Sampling(0.8, seed=1)))
                    for block in ("auto", cpp.max_block_size)]
     assert [g.tokens for g in ours] == theirs
-    assert any(r.proposed < r.drafted for g in ours for r in g.rounds)  # auto chose: not every proposal verified
+    assert any(r.verified < r.drafted for g in ours for r in g.rounds)  # auto chose: not every proposal verified
     assert sampled[0].tokens == sampled[1].tokens  # sampled, auto keeps the largest block
-    assert [(r.drafted, r.proposed) for r in sampled[0].rounds] == [(r.drafted, r.proposed) for r in sampled[1].rounds]
+    assert [(r.drafted, r.verified) for r in sampled[0].rounds] == [(r.drafted, r.verified) for r in sampled[1].rounds]
     path = tmp_path / "curve.json"
     path.write_text(json.dumps(curve.to_dict()))
     with CppEngine(programs, runner, threads=1, cost_curve=path) as cpp:
@@ -315,7 +316,7 @@ def test_runner_samples_the_targets_distribution(programs, runner, prompts):
     """Sampled plain decoding and sampled DFlash (both proposal modes) through the runner against plain
     sampling by the Python engine: per generated position, the chi-square test of validate's sampling check
     (Bonferroni over the positions and modes). The two generators differ, so only distributions can agree."""
-    from dflash_et.reports.same_distribution import chi_square
+    from dflash_et.evaluate.same_distribution import chi_square
 
     samples, tokens, alpha = 400, 6, 1e-3
     settings = Sampling(temperature=1.5, top_p=0.95, top_k=20)
@@ -415,7 +416,7 @@ def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path
 
 
 def test_bench_with_the_cpp_runner(programs, runner):
-    from dflash_et.reports.bench import BenchConfig, run_bench
+    from dflash_et.evaluate.bench import BenchConfig, run_bench
 
     config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, latency_repeats=1, block_sizes=(4, 8),
                          runner="cpp")

@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from dflash_et import cli
-from dflash_et.data.prompts import ChatFormat, chat_format, encode_chat, tokenizer
+from dflash_et.data.chat import ChatFormat, chat_format, encode_chat, tokenizer
 from dflash_et.errors import UserError
 from runner import toolchain
 from tests.conftest import REPO

@@ -9,9 +9,10 @@ import pytest
 from dflash_et import cli
 from dflash_et.checkpoints import builtin
 from dflash_et.checkpoints.load import recommended_sampling
-from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
-from dflash_et.reports.bench import BenchConfig, run_bench
-from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import builtin_prompts
+from dflash_et.evaluate.bench import BenchConfig, run_bench
+from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime import sampling
 from dflash_et.errors import ProgramError
 from dflash_et.runtime import engine as engine_module
@@ -168,7 +169,7 @@ def test_bench_refuses_bad_settings_before_loading(tmp_path):
     (dict(alpha=1.0), "validate.sampling.alpha must be in (0, 1), got 1.0"),
 ])
 def test_bad_validate_sampling_settings_fail_before_any_work(bad, message):
-    from dflash_et.reports.validate import ValidateConfig
+    from dflash_et.evaluate.validate import ValidateConfig
 
     with pytest.raises(ValueError) as e:
         ValidateConfig.from_params({"sampling": bad})

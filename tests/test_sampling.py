@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from dflash_et.reports.same_distribution import chi_square, goodness_of_fit, p_value, total_variation
+from dflash_et.evaluate.same_distribution import chi_square, goodness_of_fit, p_value, total_variation
 from dflash_et.runtime.sampling import Sampler, Sampling, acceptance, distribution, nucleus, residual
 
 V, N = 5, 2  # vocabulary, proposals per round (block 3)

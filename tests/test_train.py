@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from dflash_et.checkpoints import zlab
-from dflash_et.checkpoints.check import check_pair, load_pair
+from dflash_et.checkpoints.check import check_pair
 from dflash_et.checkpoints.fetch import fetch
+from dflash_et.checkpoints.pair import load_pair
 from dflash_et.errors import CheckpointError
 from dflash_et.training.train import Sequence, TrainConfig, batch_loss, loss_weights, new_draft, pack, train_draft
 from tests.conftest import validate_config
@@ -91,7 +92,8 @@ def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair)
     """Replies generated 4 prompts at a time (left-padded, different lengths) are each prompt's own greedy
     reply, and their taps are what the target model computes over the whole sequence."""
     from dflash_et.checkpoints.load import eos_ids, load_target
-    from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
+    from dflash_et.data.chat import encode_chat, tokenizer
+    from dflash_et.data.prompts import builtin_prompts
     from dflash_et.runtime.generate import generate_ar
     from dflash_et.training.train import target_sequences
 
@@ -198,8 +200,8 @@ def test_mask_token_param_outside_the_vocab_is_refused(pair, tmp_path):
 def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_and_benches(tmp_path):
     """What `dvc exp run -S model.target=<local Qwen3 checkpoint> -S model.draft=train` runs (the pipeline
     test drives the Llama layout through DVC itself)."""
-    from dflash_et.reports.bench import BenchConfig, run_bench
-    from dflash_et.reports.validate import validate
+    from dflash_et.evaluate.bench import BenchConfig, run_bench
+    from dflash_et.evaluate.validate import validate
     from tests.conftest import build_programs, chat_checkpoint
 
     chat_checkpoint(tmp_path / "source", "qwen3")

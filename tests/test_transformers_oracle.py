@@ -3,9 +3,10 @@
 import torch
 
 from dflash_et.checkpoints.load import eos_ids, load_target
-from dflash_et.data.prompts import builtin_prompts, encode_chat, tokenizer
-from dflash_et.reports import transformers_oracle as oracle
-from dflash_et.reports.validate import call_plan
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import builtin_prompts
+from dflash_et.evaluate import transformers_oracle as oracle
+from dflash_et.evaluate.validate import call_plan
 from dflash_et.runtime.generate import generate_ar
 
 

@@ -12,8 +12,9 @@ import argparse
 from pathlib import Path
 
 from dflash_et.runtime.decoder import open_decoder  # first: it sets OMP_NUM_THREADS before torch loads
-from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
-from dflash_et.reports.bench import throughput
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import load_prompts
+from dflash_et.evaluate.bench import throughput
 from dflash_et.runtime.adaptive import AUTO
 from dflash_et.runtime.generate import pooled_tau
 from dflash_et.runtime.sampling import Sampler, Sampling

@@ -23,8 +23,8 @@ from tools.timing import median_ms
 QWEN3_5_4B = dict(hidden=2560, layers=24, spec=DeltaNetSpec(16, 32, 128, 128, 4))  # 24 of its 32 layers
 
 
-def measure(hidden: int, spec: DeltaNetSpec, verify: int, rows: int, repeats: int) -> dict:
-    layer = GatedDeltaNet(hidden, spec, 1e-6, rows, verify, cache="llama").eval()
+def measure(hidden: int, spec: DeltaNetSpec, verify: int, max_call: int, repeats: int) -> dict:
+    layer = GatedDeltaNet(hidden, spec, 1e-6, max_call, verify, ops="llama").eval()
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0, 0.02)
@@ -49,8 +49,8 @@ def measure(hidden: int, spec: DeltaNetSpec, verify: int, rows: int, repeats: in
         replay = median_ms(lambda: layer._resume(start), repeats)
         recurrence = median_ms(lambda: fused_rule(q, k, v, decay, beta, state), repeats)
         positions = median_ms(per_position, repeats)
-    replay_bytes = 4 * (verify * h * (dk + dv + 2) + (spec.conv_kernel - 1 + rows) * spec.conv_dim)
-    return {"verify_tokens": verify, "longest_call": rows, "layer_call_ms": call, "replay_ms": replay,
+    replay_bytes = 4 * (verify * h * (dk + dv + 2) + (spec.conv_kernel - 1 + max_call) * spec.conv_dim)
+    return {"verify_tokens": verify, "max_call": max_call, "layer_call_ms": call, "replay_ms": replay,
             "recurrence_ms": recurrence, "per_position_recurrence_ms": positions,
             "state_bytes": 4 * h * dk * dv, "replay_bytes": replay_bytes + 4 * h * dk * dv,  # + the final state
             "per_position_bytes": verify * 4 * h * dk * dv}
@@ -60,7 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, help="a checkpoint whose shapes to measure (default: Qwen3.5-4B's)")
     parser.add_argument("--verify", type=int, default=16, help="tokens of a verify call (the block)")
-    parser.add_argument("--longest-call", type=int, default=64, help="the longest call (a prefill chunk)")
+    parser.add_argument("--max-call", type=int, default=64, help="the longest call (a prefill chunk)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
@@ -72,7 +72,7 @@ def main() -> None:
         if not specs:
             raise SystemExit(f"{args.target} has no Gated DeltaNet layers; give a hybrid (Qwen3.5) checkpoint")
         shape = dict(hidden=a.hidden_size, layers=len(specs), spec=specs[0])
-    m = measure(shape["hidden"], shape["spec"], args.verify, args.longest_call, args.repeats)
+    m = measure(shape["hidden"], shape["spec"], args.verify, args.max_call, args.repeats)
     m["all_layers"] = {k: round(v * shape["layers"], 2) for k, v in m.items() if k.endswith(("_ms", "_bytes"))}
     print(json.dumps(m))
 

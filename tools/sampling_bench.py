@@ -11,7 +11,7 @@ metadata), each with argmax and with sampled proposals, and prints one row per s
 import argparse
 from pathlib import Path
 
-from dflash_et.reports.bench import BenchConfig, run_bench
+from dflash_et.evaluate.bench import BenchConfig, run_bench
 
 SETTINGS = [(0.0, "argmax"), (0.7, "argmax"), (0.7, "sample"), ("recommended", "argmax"), ("recommended", "sample")]
 

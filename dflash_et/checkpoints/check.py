@@ -1,12 +1,10 @@
-"""Refusing checkpoints that cannot work, before anything is written or exported, in one line each;
-and loading a checked pair.
+"""Refusing checkpoints that cannot work, before anything is written or exported, in one line each.
 
 The checks read configs and safetensors headers only (no weights), so they are cheap enough to run
 on every fetch and every load.
 """
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,10 +12,8 @@ from torch import nn
 
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import (build_draft, build_target, check_weights, checkpoint_id, header_shapes,
-                                        load_config, load_draft, load_target, model_args, target_state_dict)
+                                        load_config, model_args, target_state_dict)
 from dflash_et.errors import CheckpointError
-from dflash_et.models.draft import Draft
-from dflash_et.models.target import Target
 
 
 def _config(ckpt: Path, name: str):
@@ -76,18 +72,3 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
         raise CheckpointError(f"{name} was trained for another target than {target_dir} (see its train_draft.json) "
                               "and would accept little; retrain it for this target (model.draft: train), or delete "
                               "its train_draft.json to use it anyway")
-
-
-def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int, cache: str = "dense",
-              dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None,
-              ring_call: int | None = None, target_only: tuple[str, ...] | None = None, verify_call: int | None = None,
-              ) -> tuple[Target, Draft, zlab.DraftSettings]:
-    """Both models of a checked pair, the target tapping the layers the draft reads; `cache` is the
-    attention backend (`dense` to run eagerly, the backend's ops to export), `dtype` the weights', and
-    `prepare`, `ring_call`, `target_only`, `verify_call` as in load.load_target."""
-    check_target(target_dir)
-    check_pair(target_dir, draft_dir)
-    settings = zlab.draft_settings(load_config(draft_dir))
-    target = load_target(target_dir, settings.target_layer_ids, max_seq_len, cache, dtype, prepare, ring_call, target_only,
-                         verify_call)
-    return target, load_draft(draft_dir, target, cache, dtype, prepare), settings

@@ -162,18 +162,19 @@ def load_config(ckpt: Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(ckpt)
 
 
-def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: int, cache: str = "dense",
-                 empty: bool = False, ring_call: int | None = None, verify_call: int | None = None) -> Target:
+def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: int, ops: str = "torch",
+                 empty: bool = False, max_call: int | None = None, verify_call: int | None = None,
+                 ring: bool = False) -> Target:
     """The target's modules; `empty`: parameters and caches on the meta device (no memory) until loaded;
-    `ring_call`: sliding layers keep ring buffers for calls of at most that many tokens; `verify_call`: the
-    longest call that may be kept in part (a verify; see models.deltanet)."""
+    `max_call`: the longest call (None: any), with `ring` sliding layers keep ring buffers for such calls;
+    `verify_call`: the longest call that may be kept in part (a verify; see models.deltanet)."""
     families.family_of(config)  # refuses a model_type no family claims
     rope = rope_tables(config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
-        return Target(model_args(config), rope, layer_ids, cache, ring_call, verify_call)
+        return Target(model_args(config), rope, layer_ids, ops, max_call, verify_call, ring)
 
 
-def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, cache: str = "dense",
+def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, ops: str = "torch",
                 empty: bool = False) -> Draft:
     """The draft's modules; its vocabulary and embedding width are the target's, whose head it borrows."""
     settings = zlab.draft_settings(draft_config)
@@ -183,7 +184,7 @@ def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: 
                    embed_scale=embed_scale, logit_softcap=settings.logit_softcap)
     rope = rope_tables(draft_config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
-        return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, cache)
+        return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, ops)
 
 
 MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's and Qwen3.5's wrappers: the text model (vision ignored)
@@ -240,24 +241,25 @@ def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict
     model.rope.to(dtype)  # the RoPE tables (parameters may be quantized by now: left alone)
 
 
-def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, cache: str = "dense",
-                dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None,
-                ring_call: int | None = None, only: tuple[str, ...] | None = None,
-                verify_call: int | None = None) -> Target:
+def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, ops: str = "torch",
+                dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None, *,
+                only: tuple[str, ...] | None = None, max_call: int | None = None, verify_call: int | None = None,
+                ring: bool = False) -> Target:
     """The target in `dtype`, with weights from its safetensors (sharded or not); `only` as in `_fill`
-    (exporting the draft needs just the target's embedding and head)."""
-    model = build_target(load_config(target_dir), layer_ids, max_seq_len, cache, empty=True, ring_call=ring_call,
-                         verify_call=verify_call)
+    (exporting the draft needs just the target's embedding and head); `max_call`, `verify_call`, `ring`
+    as in build_target."""
+    model = build_target(load_config(target_dir), layer_ids, max_seq_len, ops, empty=True, max_call=max_call,
+                         verify_call=verify_call, ring=ring)
     optional = ("lm_head.weight",) if model.args.tie_word_embeddings else ()
     _fill(model, target_dir, f"target {target_dir}", target_state_dict, dtype, optional, prepare, only)
     model.tie_weights()
     return model.eval()
 
 
-def load_draft(draft_dir: Path, target: Target, cache: str = "dense", dtype: torch.dtype = torch.float32,
+def load_draft(draft_dir: Path, target: Target, ops: str = "torch", dtype: torch.dtype = torch.float32,
                prepare: Callable[[nn.Module], None] | None = None) -> Draft:
     """The draft in `dtype`: every z-lab key used, none missing; embedding and head from `target`."""
-    model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, cache, empty=True)
+    model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, ops, empty=True)
     zlab.borrow(model, target)
     _fill(model, draft_dir, f"draft {draft_dir}", dict, dtype, zlab.BORROWED, prepare)
     return model.eval()

@@ -1,10 +1,8 @@
-"""Prompt sets for validation and benchmarking, rendered with the target's own chat template."""
+"""Prompt sets for validation, benchmarking and training: the project's own, a JSONL file or a hub dataset (rendered
+with the target's chat template by data.chat)."""
 
 import json
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from dflash_et.data.corpus import SPLITS, samples
 
@@ -90,83 +88,3 @@ def _prompt_row(row: dict, category: str, where: str) -> dict:
     if not text:
         raise ValueError(f"{where}: no 'prompt', 'question' or 'turns' field, nor 'messages'")
     return {"category": row.get("category") or category, "prompt": text}
-
-
-def tokenizer(target_dir: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(target_dir)
-
-
-def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict]) -> list[int]:
-    """A prompt through the chat template, generation prompt added, Qwen3 thinking off: a string is one user
-    turn, a list of messages a whole conversation (the reply answers its last user turn). A tokenizer without
-    a template gets the plain text, a conversation's turns one per line."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    if tok.chat_template is None:
-        return tok.encode("\n".join(m["content"] for m in messages))
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    return tok.encode(text, add_special_tokens=False)
-
-
-@dataclass(frozen=True)
-class ChatFormat:
-    """`encode_chat` of one user message without Jinja, for runners that cannot render templates (dflash_runner
-    --prompt): the ids of `prefix + message + suffix` tokenized in one encode without the tokenizer's own special
-    tokens, between `before` and `after`, the ids the tokenizer adds itself (a tokenizer without a chat template
-    encodes the plain message with them: its BOS, say). The package step writes it as FILE beside the tokenizer."""
-
-    prefix: str
-    suffix: str
-    before: list[int]
-    after: list[int]
-
-    FILE = "chat_format.json"
-
-    def encode(self, tok: PreTrainedTokenizerBase, message: str) -> list[int]:
-        return [*self.before, *tok.encode(self.prefix + message + self.suffix, add_special_tokens=False), *self.after]
-
-    def write(self, directory: Path) -> Path:
-        path = directory / self.FILE
-        path.write_text(json.dumps(asdict(self), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-        return path
-
-    @classmethod
-    def read(cls, directory: Path) -> "ChatFormat":
-        data = json.loads((directory / cls.FILE).read_text(encoding="utf-8"))
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
-
-
-# Two unlike messages (inner and edge whitespace, non-ASCII): a template that strips, changes or repeats the
-# message renders them as other than one fixed prefix and suffix around them.
-CHAT_FORMAT_PROBES = ("  dflash probe: One\n two \u00e9\u4e16\U0001f600 \n", "DFLASH-PROBE-2")
-
-
-def chat_format(tok: PreTrainedTokenizerBase) -> ChatFormat | None:
-    """The tokenizer's rendering of one user turn (as `encode_chat` renders it) as a fixed prefix and suffix, or None
-    when its chat template is not one: then only a runner with the template can format a prompt."""
-    splits = set()
-    for probe in CHAT_FORMAT_PROBES:
-        if tok.chat_template is None:
-            text, plain = probe, tok.encode(probe, add_special_tokens=False)
-            full = tok.encode(probe)
-            at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), None)
-            if at is None:  # the tokenizer's own special tokens change the message's ids
-                return None
-            added = (tuple(full[:at]), tuple(full[at + len(plain):]))
-        else:
-            try:
-                text = tok.apply_chat_template([{"role": "user", "content": probe}], tokenize=False,
-                                               add_generation_prompt=True, enable_thinking=False)
-            except Exception:  # noqa: BLE001  the template's own refusal (raise_exception) or failure
-                return None
-            added = ((), ())
-        if text.count(probe) != 1:
-            return None
-        prefix, _, suffix = text.partition(probe)
-        splits.add((prefix, suffix, *added))
-    if len(splits) != 1:
-        return None
-    prefix, suffix, before, after = splits.pop()
-    found = ChatFormat(prefix, suffix, list(before), list(after))
-    if any(found.encode(tok, probe) != encode_chat(tok, probe) for probe in CHAT_FORMAT_PROBES):
-        return None
-    return found

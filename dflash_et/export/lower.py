@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from torch.export import Dim, export
 
-from dflash_et.checkpoints.check import load_pair
 from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos_ids, load_config,
                                        recommended_sampling)
+from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.files import write_json
@@ -36,7 +36,7 @@ from dflash_et.params import parse
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("xnnpack", "portable", "mlx")
-CACHE_OF_BACKEND = {"xnnpack": "llama", "portable": "llama", "mlx": "mlx"}  # models.attention.CACHES
+OPS_OF_BACKEND = {"xnnpack": "llama", "portable": "llama", "mlx": "mlx"}  # models.attention.CACHE_OF_OPS
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ QUANTIZE: dict[str, Quantization | None] = {
     "4w": Quantization("mlx", torch.int4, False, "its int4 quantized matmul and gather kernels"),
 }
 MLX_GROUP_SIZES = (32, 64, 128)  # MLX's quantized kernels exist for these group sizes only
-# Sliding-window layers of the target: a ring buffer of window + longest call - 1 rows (llama ops; MLX keeps
+# Sliding-window layers of the target: a ring buffer of window + max_call - 1 rows (llama ops; MLX keeps
 # full length), or a full-length cache under a window mask. Measured in docs/measurements.md: at long positions the
 # ring is faster, since the masked kernel attends over every row.
 SLIDING_CACHES = ("ring", "full")
@@ -195,13 +195,13 @@ def _quantized(module: torch.nn.Module) -> bool:
     return isinstance(module.weight, TorchAOBaseTensor) or module.weight.is_meta
 
 
-def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq_len: int, cache: str = "dense",
+def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq_len: int, ops: str = "torch",
                 quantized: tuple[str, ...] = ("target", "draft"), **load) -> tuple[Target, Draft, DraftSettings]:
     """The target and the draft as programs of `config` hold them: weights read in its dtype and quantized by its
     recipe (`quantize`), each decoder layer as it loads, then the rest of the models named in `quantized` (the
-    program's own). `cache` is the attention backend: the backend's ops to export, `dense` for the eager twin
-    validate compares the programs with; `load` as checkpoints.check.load_pair takes it."""
-    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, cache, DTYPES[config.dtype],
+    program's own). `ops` is the op set: the backend's to export, `torch` for the eager twin validate
+    compares the programs with; `load` as checkpoints.pair.load_pair takes it."""
+    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype],
                                         partial(quantize, config=config), **load)
     for name, model in (("target", target), ("draft", draft)):
         if name in quantized:
@@ -387,11 +387,12 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     if config.backend == "mlx" and recurrent(build_target(load_config(target_dir), [], 1, empty=True).args):
         raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
                           "portable only; set export.backend=xnnpack")
-    ring = max(config.prefill_chunk, max_block) if config.sliding_cache == "ring" and config.backend != "mlx" else None
     own = tuple(k for k in ("target", "draft") if kind in (k, "single"))
     target, draft, settings = load_models(target_dir, draft_dir, config, config.max_seq_len,
-                                          CACHE_OF_BACKEND[config.backend], own, ring_call=ring,
-                                          target_only=BORROWED if kind == "draft" else None, verify_call=max_block)
+                                          OPS_OF_BACKEND[config.backend], own,
+                                          target_only=BORROWED if kind == "draft" else None,
+                                          max_call=max(config.prefill_chunk, max_block), verify_call=max_block,
+                                          ring=config.sliding_cache == "ring" and config.backend != "mlx")
     models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
     meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings)
     logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dflash_et.data.prompts import chat_format, tokenizer as load_tokenizer
+from dflash_et.data.chat import chat_format, tokenizer as load_tokenizer
 from dflash_et.errors import ExportError
 
 # export settings only one program reads (dvc.yaml: the other's export stage does not rerun for them)

@@ -1,7 +1,7 @@
-"""Attention with its KV cache, one cache class per backend, chosen when the model is built.
+"""Attention with its KV cache, one cache class per op set (`ops`), chosen when the model is built.
 
 `Attention` owns the projections, q/k/v norms and RoPE; its `cache` writes the call's K/V rows and
-attends. Every backend has the same contract, so the decode loops, the export and training never
+attends. Every op set has the same contract, so the decode loops, the export and training never
 ask which one runs:
 
     cache(q [1,T,H,D], k [1,S,Hkv,D], v, start, positions [S], mask=None) -> [1,T,H,D]
@@ -11,15 +11,15 @@ and they attend to every cached row before the call's end allowed by the layer's
 (causal or not, an optional sliding window). Rolling back is calling again at an earlier `start`:
 nothing ever looks past the current call's end.
 
-- `LlamaOpsCache`: ExecuTorch's `llama::update_cache` / `llama::custom_sdpa` (XNNPACK and portable
+- `LlamaOpsCache` (`llama`): ExecuTorch's `llama::update_cache` / `llama::custom_sdpa` (XNNPACK and portable
   programs); the cache is updated in place instead of copied each call.
-- `MlxOpsCache`: the MLX delegate's `mlx::kv_cache_update` / `mlx::custom_sdpa` (heads-first caches).
-- `DenseCache`: plain tensors and `F.scaled_dot_product_attention`, for eager use and training. With
+- `MlxOpsCache` (`mlx`): the MLX delegate's `mlx::kv_cache_update` / `mlx::custom_sdpa` (heads-first caches).
+- `DenseCache` (`torch`): plain tensors and `F.scaled_dot_product_attention`, for eager use and training. With
   an explicit `mask` [T,S] it attends over the given K/V only and caches nothing: that is how
   training runs many draft blocks in one call.
 
 A sliding window is a mask over a full-length cache, which survives any rollback; or, for
-`LlamaOpsCache` given `rows` (see `ring_rows`), a ring buffer of window + longest call - 1 rows,
+`LlamaOpsCache` given `rows` (see `ring_rows`), a ring buffer of window + `max_call` - 1 rows,
 which survives rolling back within the last call (all DFlash ever does).
 """
 
@@ -80,13 +80,14 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(mask, 0.0, float("-inf")).to(dtype)
 
 
-def ring_rows(spec: AttentionSpec, max_seq_len: int, longest_call: int | None) -> int | None:
+def ring_rows(spec: AttentionSpec, max_seq_len: int, max_call: int | None) -> int | None:
     """Rows of a sliding layer's ring buffer: a call of T tokens must still see the window before its
-    first query, and a rollback must not expose rows the last call overwrote: window + T - 1. None
-    (a full-length cache) when there is no window, no ring asked for, or it would not be shorter."""
-    if spec.window is None or longest_call is None:
+    first query, and a rollback must not expose rows the last call overwrote: window + T - 1 for calls of
+    at most T = `max_call` tokens. None (a full-length cache) when there is no window, no ring asked for
+    (`max_call` None), or it would not be shorter."""
+    if spec.window is None or max_call is None:
         return None
-    rows = spec.window + longest_call - 1
+    rows = spec.window + max_call - 1
     return rows if rows < max_seq_len else None
 
 
@@ -194,7 +195,8 @@ class DenseCache(KVCache):
         return y.transpose(1, 2)
 
 
-CACHES: dict[str, type[KVCache]] = {"dense": DenseCache, "llama": LlamaOpsCache, "mlx": MlxOpsCache}
+# the op sets: `torch` runs eagerly and trains, `llama` exports for XNNPACK and portable, `mlx` for MLX
+CACHE_OF_OPS: dict[str, type[KVCache]] = {"torch": DenseCache, "llama": LlamaOpsCache, "mlx": MlxOpsCache}
 
 
 class Attention(nn.Module):

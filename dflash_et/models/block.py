@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash_et.models.attention import CACHES, Attention, AttentionSpec, ring_rows
+from dflash_et.models.attention import CACHE_OF_OPS, Attention, AttentionSpec, ring_rows
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
 from dflash_et.models.layers import MLP, RMSNorm
 
@@ -70,19 +70,19 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 class Block(nn.Module):
     """A pre-norm decoder layer. With `ctx` (a draft layer), K/V also cover the un-normed context rows.
-    `ring_call`: the longest call; sliding layers keep ring buffers for calls of at most that many tokens
-    (see attention). `verify_call`: the longest call that may be kept in part, whose rows DeltaNet layers
-    keep to replay (see deltanet; None: any call)."""
+    `ops`: the op set (see attention). `max_call`: the longest call (None: any), which sizes DeltaNet's
+    buffers and, with `ring`, sliding layers' ring buffers (see attention). `verify_call`: the longest call
+    that may be kept in part, whose rows DeltaNet layers keep to replay (see deltanet; None: any call)."""
 
-    def __init__(self, a: ModelArgs, spec: AttentionSpec | DeltaNetSpec, max_seq_len: int, cache: str,
-                 ring_call: int | None = None, verify_call: int | None = None):
+    def __init__(self, a: ModelArgs, spec: AttentionSpec | DeltaNetSpec, max_seq_len: int, ops: str,
+                 max_call: int | None = None, verify_call: int | None = None, ring: bool = False):
         super().__init__()
         self.sandwich = a.sandwich_norms
         if isinstance(spec, DeltaNetSpec):
-            self.linear_attn = GatedDeltaNet(a.hidden_size, spec, a.rms_norm_eps, ring_call or max_seq_len,
-                                             verify_call or ring_call or max_seq_len, cache)
+            self.linear_attn = GatedDeltaNet(a.hidden_size, spec, a.rms_norm_eps, max_call or max_seq_len,
+                                             verify_call or max_call or max_seq_len, ops)
         else:
-            kv = CACHES[cache](spec, max_seq_len, ring_rows(spec, max_seq_len, ring_call))
+            kv = CACHE_OF_OPS[ops](spec, max_seq_len, ring_rows(spec, max_seq_len, max_call if ring else None))
             self.self_attn = Attention(a.hidden_size, spec, a.rms_norm_eps, kv, a.norm_offset)
         self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)

@@ -6,12 +6,12 @@ verifying T tokens of which only the first `keep` were accepted, the state must 
 exactly those `keep`. This layer keeps the contract of the attention caches all the same: a call
 starting at `start` continues from the state after every token before `start`, `keep = start -
 previous start`. Each call stores its final state, its start state and the keys, values, decays and
-betas of its first `verify_rows` tokens; the next call takes the final state when the previous call
+betas of its first `verify_call` tokens; the next call takes the final state when the previous call
 was kept whole (prefill, plain steps, a verify accepted in full), else replays the kept tokens from
-the start state (a program replays all `verify_rows` rows, those past `keep` masked out: decay 1,
+the start state (a program replays all `verify_call` rows, those past `keep` masked out: decay 1,
 beta 0 leave the state as it is). A call at position 0 starts a new sequence. So calls go forward:
 each starts at 0, or from the previous call's start to its end, and one kept in part keeps at most
-its first `verify_rows` tokens (the programs' `get_recurrent_state`, `get_verify_rows`; every decode
+its first `verify_call` tokens (the programs' `get_recurrent_state`, `get_verify_rows`; every decode
 loop does this).
 
 Why replay and not per-position states: keeping the state after every verified token costs a full
@@ -19,8 +19,8 @@ state per token (Qwen3.5-4B: 2 MiB per layer, 32 MiB per layer for a 16-token ve
 24 DeltaNet layers), written every call; the replay keeps 64 KiB of inputs per token and layer and
 reruns the recurrence over them. Measured at Qwen3.5-4B's shapes: docs/measurements.md.
 
-`cache` picks the recurrence like the attention backends: `llama` is ExecuTorch's fused
-`llama::gated_delta_rule` (what the programs call), `dense` the same recurrence in plain torch (the
+`ops` picks the recurrence as it picks the attention's cache: `llama` is ExecuTorch's fused
+`llama::gated_delta_rule` (what the programs call), `torch` the same recurrence in plain torch (the
 reference, and what eager models run).
 """
 
@@ -48,7 +48,7 @@ class DeltaNetSpec:
         return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
 
 
-def dense_rule(query, key, value, decay, beta, state):
+def torch_rule(query, key, value, decay, beta, state):
     """The gated delta rule token by token, heads first ([1, H, T, D]; decay and beta [1, H, T]): what
     `llama::gated_delta_rule` computes, in plain torch. Returns (output, final state)."""
     out = []
@@ -65,7 +65,7 @@ def fused_rule(query, key, value, decay, beta, state):
     return torch.ops.llama.gated_delta_rule(query, key, value, decay, beta, state)
 
 
-RULES = {"dense": dense_rule, "llama": fused_rule}
+RULE_OF_OPS = {"torch": torch_rule, "llama": fused_rule}
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -74,16 +74,16 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 class GatedDeltaNet(nn.Module):
     """transformers' `Qwen3_5GatedDeltaNet` (same parameter names), with a state that rolls back (see above).
-    `rows`: the longest call; `verify_rows`: the longest call that may be kept in part."""
+    `max_call`: the longest call; `verify_call`: the longest call that may be kept in part."""
 
-    def __init__(self, hidden_size: int, spec: DeltaNetSpec, eps: float, rows: int, verify_rows: int,
-                 cache: str = "dense"):
+    def __init__(self, hidden_size: int, spec: DeltaNetSpec, eps: float, max_call: int, verify_call: int,
+                 ops: str = "torch"):
         super().__init__()
-        if cache not in RULES:
-            raise ValueError(f"Gated DeltaNet layers run on the {' and '.join(RULES)} backends, not {cache}")
-        if cache == "llama":
+        if ops not in RULE_OF_OPS:
+            raise ValueError(f"Gated DeltaNet layers run on the {' and '.join(RULE_OF_OPS)} op sets, not {ops}")
+        if ops == "llama":
             import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (registers torch.ops.llama.*)
-        self.spec, self.rule = spec, RULES[cache]
+        self.spec, self.rule = spec, RULE_OF_OPS[ops]
         s, c = spec, spec.conv_dim
         self.in_proj_qkv = nn.Linear(hidden_size, c, bias=False)
         self.in_proj_z = nn.Linear(hidden_size, s.num_v_heads * s.v_head_dim, bias=False)
@@ -94,11 +94,11 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(s.num_v_heads))
         self.norm = RMSNorm(s.v_head_dim, eps)
         self.out_proj = nn.Linear(s.num_v_heads * s.v_head_dim, hidden_size, bias=False)
-        h, window, v = s.num_v_heads, s.conv_kernel - 1, verify_rows
+        h, window, v = s.num_v_heads, s.conv_kernel - 1, verify_call
         # float32 whatever the weights' dtype, as transformers runs the rule (and the fused op takes no other)
         state = {"state": (1, h, s.k_head_dim, s.v_head_dim),      # at the previous call's start
                  "final": (1, h, s.k_head_dim, s.v_head_dim),      # and after it
-                 "conv_in": (1, window + rows, c),                  # conv inputs: the window before it, its tokens
+                 "conv_in": (1, window + max_call, c),                  # conv inputs: the window before it, its tokens
                  "keys": (1, h, v, s.k_head_dim), "values": (1, h, v, s.v_head_dim),
                  "decays": (1, h, v), "betas": (1, h, v)}           # its first tokens, to replay
         for name, shape in state.items():
@@ -115,7 +115,7 @@ class GatedDeltaNet(nn.Module):
         fresh = start == 0
         keep = torch.where(fresh, 0, torch.minimum((start - self.start).clamp(min=0), self.length))
         n = self.keys.shape[2]
-        if self.rule is dense_rule:
+        if self.rule is torch_rule:
             n = 0 if keep == self.length else min(int(keep), n)
         kept = torch.arange(n) < keep
         decays = torch.where(kept, self.decays[:, :, :n], 1.0)

@@ -22,7 +22,7 @@ class Draft(nn.Module):
     """The draft's own layers, with the target's embedding and head (borrowed, see checkpoints.zlab)."""
 
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], num_taps: int,
-                 target_hidden: int, logit_scale: float = 1.0, cache: str = "dense"):
+                 target_hidden: int, logit_scale: float = 1.0, ops: str = "torch"):
         super().__init__()
         self.rope = Rope(rope)
         self.args, self.max_seq_len, self.logit_scale = a, self.rope.max_seq_len, logit_scale
@@ -30,7 +30,7 @@ class Draft(nn.Module):
         self.lm_head = nn.Linear(target_hidden, a.vocab_size, bias=False)
         self.fc = nn.Linear(num_taps * target_hidden, a.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache) for spec in a.layers)
+        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,

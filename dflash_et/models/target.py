@@ -16,17 +16,18 @@ from dflash_et.models.layers import RMSNorm
 
 
 class Target(nn.Module):
-    """A Qwen3/Llama/Gemma 4/Qwen3.5-style causal LM; `cache` names the attention backend (see
-    models.attention), `ring_call` the longest call and `verify_call` the longest verify (see Block)."""
+    """A Qwen3/Llama/Gemma 4/Qwen3.5-style causal LM; `ops` names the op set (see
+    models.attention); `max_call`, `verify_call` and `ring` size the caches (see Block)."""
 
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], layer_ids: list[int],
-                 cache: str = "dense", ring_call: int | None = None, verify_call: int | None = None):
+                 ops: str = "torch", max_call: int | None = None, verify_call: int | None = None,
+                 ring: bool = False):
         super().__init__()
         self.rope = Rope(rope)
         self.args, self.layer_ids, self.max_seq_len = a, list(layer_ids), self.rope.max_seq_len
         self.return_taps = True
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, cache, ring_call, verify_call)
+        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_call, verify_call, ring)
                                     for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
         self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)

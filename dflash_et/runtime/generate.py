@@ -37,10 +37,10 @@ class Planner(Protocol):
 
 @dataclass
 class Round:
-    """One decode step: a DFlash round, or one plain token (proposed = 0). `drafted`: the proposals the
-    draft made, of which the first `proposed` were verified (fewer under `block_size: auto`)."""
+    """One decode step: a DFlash round, or one plain token (verified = 0). `drafted`: the proposals the
+    draft made, of which the first `verified` went to the target (fewer under `block_size: auto`)."""
 
-    proposed: int
+    verified: int
     accepted: int
     emitted: int
     draft_s: float

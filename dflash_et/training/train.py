@@ -31,7 +31,8 @@ from tqdm import tqdm
 
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
-from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, encode_chat, load_prompts, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, load_prompts
 from dflash_et.files import write_json
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target

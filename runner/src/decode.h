@@ -23,9 +23,9 @@ struct Limits {
   std::set<int64_t> eos_ids;
 };
 
-// One decode step: a DFlash round, or one plain token (proposed = 0); times in seconds.
+// One decode step: a DFlash round, or one plain token (verified = 0); times in seconds.
 struct Round {
-  int64_t proposed, accepted, emitted;
+  int64_t verified, accepted, emitted;
   double draft_s, verify_s, total_s;
   int64_t drafted;
 };

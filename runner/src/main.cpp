@@ -183,7 +183,7 @@ std::string to_json(const Generation& g, const std::string* text = nullptr) {
   out << "], \"prefill_s\": " << g.prefill_s << ", \"rounds\": [";
   for (size_t i = 0; i < g.rounds.size(); ++i) {
     const auto& r = g.rounds[i];
-    out << (i ? ", " : "") << "{\"proposed\": " << r.proposed << ", \"accepted\": " << r.accepted
+    out << (i ? ", " : "") << "{\"verified\": " << r.verified << ", \"accepted\": " << r.accepted
         << ", \"emitted\": " << r.emitted << ", \"draft_s\": " << r.draft_s << ", \"verify_s\": " << r.verify_s
         << ", \"total_s\": " << r.total_s << ", \"drafted\": " << r.drafted << "}";
   }

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import load_prompts
 from dflash_et.params import parse
 from dflash_et.peer.llama_cpp import VERSION, LlamaCpp, Refused, Server, gguf_pair, matched_type
-from dflash_et.reports.bench import BenchConfig
+from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.programs import missing_backend
 

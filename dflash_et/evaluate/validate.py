@@ -14,16 +14,17 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.checkpoints.check import load_pair
 from dflash_et.export.lower import ExportConfig, load_models
 from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.checkpoints.load import checkpoint_id
-from dflash_et.reports.same_distribution import SamplingCheck, check_sampling
+from dflash_et.checkpoints.pair import load_pair
+from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
-from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import load_prompts
 from dflash_et.params import parse
-from dflash_et.reports import transformers_oracle
+from dflash_et.evaluate import transformers_oracle
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from dflash_et.runtime.engine import BlockSize
 from dflash_et.runtime.generate import Generation, Round, pooled_tau
 from dflash_et.runtime.programs import missing_backend
 from dflash_et.runtime.sampling import Sampler, Sampling
-from dflash_et.data.prompts import encode_chat, load_prompts, tokenizer
+from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.prompts import load_prompts
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,7 @@ def tau_auto(runs: Runs) -> float:
 
 
 def _mean_verify_tokens(runs: Runs, category: str | None = None) -> float:
-    return statistics.fmean(r.proposed + 1 for r in runs.rounds(AUTO, category))
+    return statistics.fmean(r.verified + 1 for r in runs.rounds(AUTO, category))
 
 
 @metric
@@ -326,7 +327,7 @@ def mean_verify_tokens_auto_by_category(runs: Runs) -> dict[str, float]:
 def auto_rounds_by_category(runs: Runs) -> dict[str, dict[str, int]]:
     """How auto's rounds spread: plain steps (no draft call), and drafted rounds by proposals verified."""
     def choices(category: str) -> dict[str, int]:
-        count = Counter("plain" if r.drafted == 0 else str(r.proposed) for r in runs.rounds(AUTO, category))
+        count = Counter("plain" if r.drafted == 0 else str(r.verified) for r in runs.rounds(AUTO, category))
         return {k: count[k] for k in ["plain", *map(str, range(runs.max_block))] if count[k]}
 
     return {c: choices(c) for c in runs.categories}

@@ -340,19 +340,20 @@ HEADLINE = (("block_size", "runner", "tau", "speedup", "dflash_tokens_per_s", "a
             ("speedup_by_block", "speedup_auto", "tau_auto", "mean_verify_tokens_auto"))
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
+    """A metric's value as the stage prints it, floats to two places (tools/measurements.py tabulates the same)."""
     if isinstance(value, float):
         return f"{value:.2f}"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {shown(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(map(_shown, value)) + "]"
+        return "[" + ", ".join(map(shown, value)) + "]"
     return str(value)
 
 
 def summary(metrics: dict) -> list[str]:
     """HEADLINE's lines for these metrics."""
-    lines = [" ".join(f"{name}={_shown(metrics[name])}" for name in names if name in metrics) for names in HEADLINE]
+    lines = [" ".join(f"{name}={shown(metrics[name])}" for name in names if name in metrics) for names in HEADLINE]
     return [line for line in lines if line]
 
 

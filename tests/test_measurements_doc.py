@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+from datetime import datetime, timezone
 
 import pytest
 
@@ -9,6 +11,12 @@ from tools import measurements
 
 
 def test_the_committed_doc_is_what_the_committed_reports_give():
+    """In a clean checkout (CI's): the doc describes the committed run. After a local `dvc repro` or `dvc exp run`
+    the doc describes the committed run still, which the reports on disk no longer are."""
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "reports"], cwd=measurements.REPO,
+                             capture_output=True, text=True).stdout
+    if changed:
+        pytest.skip(f"reports/ differs from HEAD (a local run): {changed.split()[1]} ...")
     measurements.main(["--check"])  # exits with a message when the doc is behind the reports
 
 
@@ -16,11 +24,11 @@ def test_check_fails_when_the_doc_is_behind_the_reports(tmp_path, monkeypatch):
     doc = tmp_path / "measurements.md"
     doc.write_text(measurements.DOC.read_text().replace("| `heldout_tau` | 9.07 |", "| `heldout_tau` | 9.08 |"))
     monkeypatch.setattr(measurements, "DOC", doc)
-    with pytest.raises(SystemExit, match="tables differ from the reports; commit new reports, then run"):
+    with pytest.raises(SystemExit, match="tables differ from the reports; run python -m tools.measurements and"):
         measurements.main(["--check"])
 
 
-def test_an_edited_report_changes_its_table_and_is_captioned_uncommitted(tmp_path):
+def test_an_edited_report_changes_its_table_and_is_dated_today(tmp_path):
     reports = tmp_path / "reports"
     shutil.copytree(measurements.REPORTS, reports, ignore=shutil.ignore_patterns("*.csv", "*.tsv"))
     report = json.loads((reports / "bench.json").read_text())
@@ -29,8 +37,11 @@ def test_an_edited_report_changes_its_table_and_is_captioned_uncommitted(tmp_pat
     committed, edited = measurements.section(), measurements.section(reports)
     assert "9.87" not in committed
     assert "| `speedup_auto` | 9.87 |" in edited
-    assert "`reports/bench.json`, from `dvc repro bench`, uncommitted" not in committed
-    assert "`reports/bench.json`, from `dvc repro bench`, uncommitted" in edited
+    today = datetime.now(timezone.utc).date().isoformat()
+    assert f"`reports/bench.json`, from `dvc repro bench`, {today}" in edited
+    date = subprocess.run(["git", "log", "-1", "--format=%as", "--", "reports/bench.json"], cwd=measurements.REPO,
+                          capture_output=True, text=True).stdout.strip()
+    assert f"`reports/bench.json`, from `dvc repro bench`, {date}" in committed
 
 
 def test_a_missing_report_names_its_file_and_the_stage_that_writes_it(tmp_path):

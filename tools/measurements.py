@@ -1,16 +1,17 @@
 """Writes the tables of docs/measurements.md's "The committed run" from the committed reports, so the doc's figures
 of the current pipeline are the pipeline's own, never typed by hand (issue #28). Each table names the report it
-reads, the `dvc repro` stage that wrote it (from dvc.lock) and the date the report was committed.
+reads, the `dvc repro` stage that wrote it (from dvc.lock) and the report's date: the day it was committed, or
+today for one not committed yet (so a doc written beside new reports and committed with them the same day stands).
 
     python -m tools.measurements          # rewrite the region between the doc's two markers, nothing else
     python -m tools.measurements --check  # exit 1 if that region is not what the reports give (the tests run it)
 
-Run it after committing new reports: one that differs from HEAD is captioned "uncommitted".
 """
 
 import json
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -28,11 +29,13 @@ def _git(path: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def committed(path: Path) -> str:
-    """When the report was committed, or "uncommitted" where it differs from HEAD or git does not know it.
-    The author date, not the committer's: a rebase keeps it, so a rebased branch's doc is not stale."""
+def dated(path: Path) -> str:
+    """The day the report was committed (the author date, not the committer's: a rebase keeps it, so a rebased
+    branch's doc is not stale), or today (UTC) where it differs from HEAD or git does not know it."""
     date = _git(path, "log", "-1", "--format=%as")
-    return f"committed {date}" if date and _git(path, "status", "--porcelain") == "" else "uncommitted"
+    if date and _git(path, "status", "--porcelain") == "":
+        return date
+    return datetime.now(timezone.utc).date().isoformat()
 
 
 class Source:
@@ -46,7 +49,7 @@ class Source:
             sys.exit(f"{self.name} is missing: `dvc repro {self.stage}` writes it "
                      f"(`git checkout -- {self.name}` restores the committed one)")
         self.data: dict = json.loads(path.read_text())
-        self.date = committed(path)
+        self.date = dated(path)
 
     def caption(self) -> str:
         return f"`{self.name}`, from `dvc repro {self.stage}`, {self.date}"
@@ -132,7 +135,7 @@ def exports(sources: list[Source]) -> str:
     keys = list(dict.fromkeys(k for s in sources for k in s.data))
     rows = [[f"`{s.name}`", f"`dvc repro {s.stage}`", s.date, *(cell(s.data[k]) if k in s.data else "-" for k in keys)]
             for s in sources]
-    return table(["report", "command", "git", *(f"`{k}`" for k in keys)], rows)
+    return table(["report", "command", "date", *(f"`{k}`" for k in keys)], rows)
 
 
 def section(reports: Path = REPORTS) -> str:
@@ -169,8 +172,8 @@ def main(argv: list[str]) -> None:
     new = rewritten(doc, section())
     if argv == ["--check"]:
         if new != doc:
-            sys.exit(f"{DOC}'s committed-run tables differ from the reports; commit new reports, "
-                     "then run python -m tools.measurements")
+            sys.exit(f"{DOC}'s committed-run tables differ from the reports; run python -m tools.measurements "
+                     "and commit the doc with them")
     elif argv:
         sys.exit("usage: python -m tools.measurements [--check]")
     else:

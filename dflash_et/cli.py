@@ -14,7 +14,7 @@ from dflash_et.runtime.decoder import RUNNERS, Decoder, open_decoder
 from dflash_et.runtime.engine import BlockSize
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 from dflash_et.errors import UserError
-from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.chat import TextStream, encode_chat, tokenizer
 
 
 def parser() -> argparse.ArgumentParser:
@@ -107,18 +107,11 @@ def generate(args: argparse.Namespace) -> None:
 def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: PreTrainedTokenizerBase,
              prompt: list[int]) -> None:
     """One completion, streamed as text (or printed as one JSON line)."""
-    emitted: list[int] = []
-    shown = ""
+    shown = TextStream(tok)
 
     def stream(new: list[int]) -> None:
-        nonlocal shown
-        emitted.extend(new)
-        # a character the tokens so far leave unfinished decodes as U+FFFD: it waits for the rest of its bytes
-        text = tok.decode(emitted, skip_special_tokens=True).rstrip("\ufffd")
-        if text.startswith(shown):
-            sys.stdout.write(text[len(shown):])
-            sys.stdout.flush()
-            shown = text
+        sys.stdout.write(shown.push(new))
+        sys.stdout.flush()
 
     on_tokens = None if args.json else stream
     if args.ar:
@@ -131,7 +124,7 @@ def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: P
         print(json.dumps({"tokens": out.tokens, "text": text, "tau": out.tau, "tokens_per_s": out.tokens_per_s,
                           **({} if settings.greedy else {"seed": settings.seed})}), flush=True)
     else:
-        sys.stdout.write(text[len(shown):] + "\n")
+        sys.stdout.write(shown.end() + "\n")
         how = "greedy" if settings.greedy else (f"temperature {settings.temperature:g}, top-p {settings.top_p:g}, "
                                                 f"top-k {settings.top_k or 'off'}, seed {settings.seed}")
         print(f"[{'ar' if args.ar else 'dflash'}] {len(out.tokens)} tokens, tau {out.tau:.2f}, "

@@ -345,7 +345,11 @@ def test_runner_samples_the_targets_distribution(programs, runner, prompts):
 
 
 def run_binary(runner: Path, programs: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(runner), "--programs", str(programs), *args], capture_output=True, text=True)
+    """The runner's output as it wrote it: bytes decoded without `text=True`'s newline translation, which would
+    turn a reply's "\r" into "\n" (sampled replies have them)."""
+    done = subprocess.run([str(runner), "--programs", str(programs), *args], capture_output=True)
+    done.stdout, done.stderr = (b.decode("utf-8", "surrogateescape") for b in (done.stdout, done.stderr))
+    return done
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> None:

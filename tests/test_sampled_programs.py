@@ -2,6 +2,7 @@
 seeded, with the checkpoint's recommended settings carried by target.pte; the CLI and bench over it."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -19,6 +20,9 @@ from dflash_et.runtime import engine as engine_module
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
+
+
+SAMPLES = 500  # completions per prompt and proposal mode
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +46,13 @@ def test_sampled_dflash_has_the_distribution_of_plain_sampling(loaded):
 
     The tolerance: each of the 12 chi-square tests (2 modes x tokens 1..6) must have p >= 1e-3 / 12, so
     correct sampling fails with probability < 1e-3 (and with fixed seeds, never twice differently); the next
-    tests show the same check, with fewer samples, catching a wrong acceptance rule."""
-    report = check(loaded, samples=500, prompts=1)
+    tests show the same check catching a wrong acceptance rule. The total variation of n samples from the
+    distribution they are drawn from is itself noise, about 0.5 * sqrt((k - 1) / n) over k tokens (0.097 for top-k 20
+    and 500 samples): the largest of the 12 positions' may exceed that, not half as much again."""
+    report = check(loaded, samples=SAMPLES, prompts=1)
     assert report["tests"] == 12 and report["threshold"] == pytest.approx(1e-3 / 12)
     assert report["same_distribution"], report
-    assert report["max_total_variation"] < 0.1
+    assert report["max_total_variation"] < 1.5 * 0.5 * math.sqrt((SamplingCheck().top_k - 1) / SAMPLES)
 
 
 RIGHT = sampling.acceptance
@@ -55,8 +61,10 @@ WRONG_RULES = {"accept-everything": lambda p, q, x: 1.0, "accept-half-as-often":
 
 @pytest.mark.parametrize("wrong", WRONG_RULES.values(), ids=WRONG_RULES.keys())
 def test_the_check_catches_a_wrong_acceptance_rule(loaded, monkeypatch, wrong):
+    """With the samples the check above takes (200 were too few on some machines' trained pair: accepting half as
+    often reached p = 1e-4, short of the 8.3e-5 threshold)."""
     monkeypatch.setattr(sampling, "acceptance", wrong)
-    report = check(loaded, samples=200, prompts=1)
+    report = check(loaded, samples=SAMPLES, prompts=1)
     assert not report["same_distribution"] and report["min_p_value"] < 1e-6, report
 
 

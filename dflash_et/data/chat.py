@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 
@@ -86,3 +87,39 @@ def chat_format(tok: PreTrainedTokenizerBase) -> ChatFormat | None:
     if any(found.encode(tok, probe) != encode_chat(tok, probe) for probe in CHAT_FORMAT_PROBES):
         return None
     return found
+
+
+# transformers' clean-up rewrites at most this many characters at the end of a text once more text follows
+# (" n't" -> "n't", " ." -> "."): the re-decoding path shows them only once the reply goes past them
+CLEAN_UP_REACH = 4
+
+
+class TextStream:
+    """A reply's text as its tokens arrive: at every step a prefix of `tok.decode(tokens so far,
+    skip_special_tokens=True)`, all of it but a character still waiting for its last bytes; `end()` adds the
+    rest. A fast tokenizer decodes only the new tokens (`tokenizers`' DecodeStream), so streaming a long reply
+    costs the same per token at its end as at its start; one that cleans up spaces (or a slow one) re-decodes
+    the whole reply each step and holds back the last characters, which a later token can still rewrite."""
+
+    def __init__(self, tok: PreTrainedTokenizerBase):
+        self.tok, self.ids, self.text = tok, [], ""
+        incremental = tok.is_fast and not tok.clean_up_tokenization_spaces
+        self.stream = DecodeStream(skip_special_tokens=True) if incremental else None
+
+    def push(self, ids: list[int]) -> str:
+        """The text the new `ids` add."""
+        self.ids.extend(ids)
+        if self.stream is not None:
+            new = "".join(piece for i in ids if (piece := self.stream.step(self.tok.backend_tokenizer, i)) is not None)
+        else:
+            text = self.tok.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd")[:-CLEAN_UP_REACH]
+            new = text[len(self.text):] if text.startswith(self.text) else ""
+        self.text += new
+        return new
+
+    def end(self) -> str:
+        """The rest of the reply's text, once its last token is in."""
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        rest = text[len(self.text):] if text.startswith(self.text) else ""
+        self.text += rest
+        return rest

@@ -118,9 +118,9 @@ def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: P
         out = engine.ar(prompt, args.max_new_tokens, on_tokens, sampler)
     else:
         out = engine.dflash(prompt, args.max_new_tokens, args.block_size, on_tokens, sampler)
-    text = tok.decode(out.tokens, skip_special_tokens=True)
     settings = sampler.sampling
     if args.json:
+        text = tok.decode(out.tokens, skip_special_tokens=True)
         print(json.dumps({"tokens": out.tokens, "text": text, "tau": out.tau, "tokens_per_s": out.tokens_per_s,
                           **({} if settings.greedy else {"seed": settings.seed})}), flush=True)
     else:

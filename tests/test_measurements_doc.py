@@ -52,3 +52,15 @@ def test_a_missing_report_names_its_file_and_the_stage_that_writes_it(tmp_path):
     message = str(exit.value.code)
     assert message == ("reports/validate.json is missing: `dvc repro validate` writes it "
                        "(`git checkout -- reports/validate.json` restores the committed one)")
+
+
+def test_a_doc_without_the_markers_or_a_bad_flag_is_refused_in_one_line(tmp_path, monkeypatch):
+    doc = tmp_path / "measurements.md"
+    doc.write_text("# Measurements\n\nno generated region here\n")
+    monkeypatch.setattr(measurements, "DOC", doc)
+    with pytest.raises(SystemExit, match=f"^{doc} has no region from <!-- begin generated"):
+        measurements.main([])
+    assert doc.read_text() == "# Measurements\n\nno generated region here\n"  # nothing written
+    monkeypatch.setattr(measurements, "DOC", measurements.REPO / "docs" / "measurements.md")
+    with pytest.raises(SystemExit, match=r"^usage: python -m tools.measurements \[--check\]$"):
+        measurements.main(["--chek"])

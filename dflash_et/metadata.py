@@ -94,4 +94,6 @@ class DraftMeta(Metadata):
     draft_checkpoint_id: int            # its own name: one program may hold the target's methods too
     target_checkpoint_id: int           # the target it was exported for: a mismatched pair fails on loading
     uses_llama_custom_ops: bool
+    context_window: int | None = None   # every layer windowed: a call takes no tap older than its block's first
+                                        # position minus context_window - 1 (fewer than context_window taps)
 

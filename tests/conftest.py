@@ -313,6 +313,30 @@ def mixed_programs(programs, trained_pair, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "mixed", build) / "programs"
 
 
+WINDOW = 16  # windowed_programs' draft window: shorter than the test prompts
+
+
+@pytest.fixture(scope="session")
+def windowed_programs(programs, trained_pair, tmp_path_factory) -> Path:
+    """`programs` with the trained draft exported with a context window of WINDOW (z-lab's sliding_window_size):
+    its ring-buffer caches and a loop that feeds it only the taps it reads."""
+    import json
+    import shutil
+
+    from dflash_et.export.lower import ExportConfig, export_program
+
+    def build(out: Path) -> None:
+        shutil.copytree(programs, out / "programs")
+        draft_dir = shutil.copytree(trained_pair[1], out / "draft")
+        config = json.loads((draft_dir / "config.json").read_text())
+        config["dflash_config"]["sliding_window_size"] = WINDOW
+        (draft_dir / "config.json").write_text(json.dumps(config))
+        export_program("draft", trained_pair[0], draft_dir, ExportConfig(max_seq_len=MAX_SEQ_LEN,
+                                                                          prefill_chunk=PREFILL_CHUNK), out / "programs")
+
+    return built_once(tmp_path_factory, "windowed", build) / "programs"
+
+
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory) -> Path:
     """dflash_runner, built once per test run (by the first worker to ask) as `make runner` builds it."""

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dflash_et.evaluate.bench import PLOT_COLUMNS, BenchConfig, run_bench
-from dflash_et.data.prompts import load_prompts
+from dflash_et.data.prompts import load_prompts, with_document
 
 
 def test_bench_metrics_and_plots(programs, monkeypatch):
@@ -20,16 +20,16 @@ def test_bench_metrics_and_plots(programs, monkeypatch):
 
     monkeypatch.setattr(engine_module, "measure_cost_curve",
                         lambda target, draft, max_block, *args: CostCurve([64], [[1.0] * max_block], [[0.5] * (max_block - 1)]))
-    metrics, plots, curve = run_bench(programs, "auto", BenchConfig(num_prompts=3, max_new_tokens=12, latency_repeats=1,
-                                                                    block_sizes=(2, 8, 32)))
+    metrics, plots, curve = run_bench(programs, "auto", BenchConfig(num_prompts=3, long_prompts=2, max_new_tokens=12,
+                                                                    latency_repeats=1, block_sizes=(2, 8, 32)))
     for key in ("tau", "speedup", "ar_tokens_per_s", "dflash_tokens_per_s", "block_size", "draft_ms_per_round",
                 "verify_ms_per_round", "host_ms_per_round", "verify_cost_ratio", "acceptance_histogram",
                 "speedup_auto", "tau_auto", "mean_verify_tokens_auto", "speedup_range_over_repeats"):
         assert key in metrics
-    assert metrics["block_size"] == "auto" and metrics["lossless"] is True and metrics["prompts"] == 3
+    assert metrics["block_size"] == "auto" and metrics["lossless"] is True and metrics["prompts"] == 3 + 2
     assert metrics["block_sizes_skipped"] == [32] and set(metrics["speedup_by_block"]) == {"2", "8"}
     assert (metrics["tau"], metrics["speedup"]) == (metrics["tau_auto"], metrics["speedup_auto"])
-    categories = {"math", "code", "chat"}
+    categories = {"math", "code", "chat", "long"}  # long: a document, then a question (test_long_prompts)
     assert set(metrics["tau_by_category"]) == set(metrics["speedup_auto_by_category"]) == categories
     assert set(metrics["speedup_by_block_by_category"]["code"]) == {"2", "8"}
     for c in categories:  # greedy, each repeat emits the same tokens: the pooled speedup lies in the range
@@ -49,8 +49,8 @@ def test_bench_metrics_and_plots(programs, monkeypatch):
 
 
 def test_bench_headline_can_be_a_fixed_block(programs):
-    metrics, _, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, max_new_tokens=8, latency_repeats=1,
-                                                       block_sizes=(2,)))
+    metrics, _, _ = run_bench(programs, 4, BenchConfig(num_prompts=2, long_prompts=0, max_new_tokens=8,
+                                                       latency_repeats=1, block_sizes=(2,)))
     assert set(metrics["speedup_by_block"]) == {"2", "4"} and metrics["tau"] == metrics["tau_by_block"]["4"]
     assert sum(metrics["acceptance_histogram"].values()) == metrics["rounds"]  # every fixed round drafts
     with pytest.raises(ValueError, match=r"bench.block_sizes must all be at least 2"):
@@ -83,6 +83,34 @@ def test_prompts_from_a_dataset(tmp_path, monkeypatch):
         load_prompts(f"hf:{tmp_path / 'nothing'}", 3)
 
 
+@pytest.mark.parametrize("source", ["builtin", "assistant"])
+def test_long_prompts_are_a_document_then_a_question(source):
+    """The long category: lengths spread from half to all of the room the reply leaves, each ending on one of the
+    measured questions after a document of train-split texts only (no measured question inside it)."""
+    from dflash_et.checkpoints import builtin
+    from dflash_et.data.chat import encode_chat
+    from dflash_et.evaluate.bench import long_rows
+
+    tok = builtin.build_tokenizer()
+    rows = load_prompts(source, 4)
+    config = BenchConfig(prompts=source, long_prompts=5, max_new_tokens=64)
+    long = long_rows(rows, config, 1024, lambda p: len(encode_chat(tok, p)))
+    lengths = [len(encode_chat(tok, r["prompt"])) for r in long]
+    room = 1024 - 64
+    assert [r["category"] for r in long] == ["long"] * 5 and all(room // 2 - 200 < n <= room for n in lengths)
+    assert lengths[-1] > room - 200 and lengths[0] <= room // 2
+    def last(prompt):  # a conversation's document and question are in its last turn
+        return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+    measured = [last(q["prompt"]) for q in load_prompts(source, 30)]
+    for row, question in zip(long, rows + rows):
+        document, _, asked = last(row["prompt"]).rpartition("\n\nQuestion: ")
+        assert asked == last(question["prompt"]) and not any(q in document for q in measured)
+    assert long_rows(rows, BenchConfig(long_prompts=0), 1024, len) == []
+    with pytest.raises(ValueError, match="no texts to make a document of"):
+        with_document("q", [], 100, len)
+
+
 def test_builtin_prompts_cover_categories():
     rows = load_prompts("builtin", 9)
     assert [r["category"] for r in rows] == ["math", "code", "chat"] * 3
@@ -111,7 +139,7 @@ def test_every_registered_metric_and_plot_reaches_bench_json_the_printout_and_th
     monkeypatch.setattr(bench, "HEADLINE", (*bench.HEADLINE, ("tokens_decoded", "tau")))
     monkeypatch.setitem(bench.PLOTS, "tau_by_category", (("category", "tau"), tau_rows))
     monkeypatch.setattr(stages.bench, "params", lambda: {"block_size": "auto", "bench": {
-        "num_prompts": 3, "max_new_tokens": 8, "latency_repeats": 1, "block_sizes": [2, 32]}})
+        "num_prompts": 3, "long_prompts": 1, "max_new_tokens": 8, "latency_repeats": 1, "block_sizes": [2, 32]}})
     paths = [tmp_path / "bench.json", tmp_path / "plots", tmp_path / "cost_curve.json"]
     capsys.readouterr()
     stages.bench.main([str(programs), *map(str, paths)])

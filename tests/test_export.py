@@ -106,17 +106,17 @@ def test_package_refuses_programs_exported_differently(programs, tmp_path):
 
 def test_package_takes_each_programs_own_settings(programs, trained_pair, tmp_path):
     """A setting only one program reads changes only that program's export (its stage alone reruns): package
-    takes the target's (sliding_cache, prefill_chunk) from the target and the draft's (draft_head) from the draft."""
+    takes the target's (prefill_chunk, stock_forward) from the target and the draft's (draft_head) from the draft."""
     build = tmp_path / "build"
     for kind in ("target", "draft"):
         shutil.copytree(programs.parent / "build" / kind, build / kind)
-    for kind, setting in (("target", {"sliding_cache": "full"}), ("draft", {"draft_head": "8da8w"})):
+    for kind, setting in (("target", {"prefill_chunk": 32}), ("draft", {"draft_head": "8da8w"})):
         summary = json.loads((build / kind / "export.json").read_text())
         summary["config"] |= setting
         (build / kind / "export.json").write_text(json.dumps(summary))
     (tmp_path / "out").mkdir()
     config = package([build / "target", build / "draft"], tmp_path / "out", trained_pair[0])["config"]
-    assert config["sliding_cache"] == "full" and config["draft_head"] == "8da8w"
+    assert config["prefill_chunk"] == 32 and config["draft_head"] == "8da8w"
 
 
 def test_package_ships_the_tokenizer_or_refuses(programs, trained_pair, tmp_path):

@@ -20,7 +20,7 @@ SMALL = {"model": {"draft": "train"},  # block_size: auto (the default)  # the t
                          "anchors": 4, "num_layers": 1},
          "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12,
                                                                         "sampling": {"samples": 200, "prompts": 1}},
-         "bench": {"num_prompts": 3, "max_new_tokens": 12, "latency_repeats": 1, "repeats": 1}}
+         "bench": {"num_prompts": 3, "long_prompts": 1, "max_new_tokens": 12, "latency_repeats": 1, "repeats": 1}}
 ALL_STAGES = {"fetch_target", "fetch_draft", "export_target", "export_draft", "export_single", "package", "validate", "bench",
               "peer_bench"}
 

@@ -147,10 +147,12 @@ def prompts(programs):
     return [encode_chat(tok, r["prompt"]) for r in builtin_prompts(6)]
 
 
-@pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs", "single_programs"])
+@pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs", "single_programs",
+                                  "windowed_programs"])
 def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
-    """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single): plain and DFlash at
-    several blocks, the same tokens and the same rounds (accepted proposals) as the Python engine."""
+    """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single), a draft with a
+    context window: plain and DFlash at several blocks, the same tokens and the same rounds (accepted proposals)
+    as the Python engine."""
     programs = request.getfixturevalue(kind)
     python = Engine(programs)
     blocks = (0, 2, 5, python.max_block_size)  # 0: plain decoding
@@ -422,8 +424,8 @@ def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path
 def test_bench_with_the_cpp_runner(programs, runner):
     from dflash_et.evaluate.bench import BenchConfig, run_bench
 
-    config = BenchConfig(num_prompts=2, max_new_tokens=12, repeats=1, warmup=0, latency_repeats=1, block_sizes=(4, 8),
-                         runner="cpp")
+    config = BenchConfig(num_prompts=2, long_prompts=1, max_new_tokens=12, repeats=1, warmup=0, latency_repeats=1,
+                         block_sizes=(4, 8), runner="cpp")
     metrics, plots, curve = run_bench(programs, 4, config)
     assert metrics["runner"] == "cpp" and metrics["lossless"] and metrics["tau"] > 1
     assert set(metrics["speedup_by_block"]) == {"4", "8"} and metrics["host_ms_per_round"] > 0

@@ -175,16 +175,22 @@ def build_target(config: PretrainedConfig, layer_ids: list[int], max_seq_len: in
 
 
 def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: int, ops: str = "torch",
-                empty: bool = False) -> Draft:
-    """The draft's modules; its vocabulary and embedding width are the target's, whose head it borrows."""
+                empty: bool = False, max_block: int | None = None, ring: bool = False) -> Draft:
+    """The draft's modules; its vocabulary and embedding width are the target's, whose head it borrows. A
+    `context_window` (zlab.DraftSettings) narrows every layer's own window to it; `max_block` and `ring` as
+    models.draft.Draft takes them."""
     settings = zlab.draft_settings(draft_config)
     embed_scale = settings.embed_scale if settings.embed_scale is not None else \
         target.embed_scale * settings.input_embedding_scale
     args = replace(model_args(draft_config, causal=settings.causal), vocab_size=target.vocab_size,
                    embed_scale=embed_scale, logit_softcap=settings.logit_softcap)
+    if settings.context_window is not None:
+        w = settings.context_window
+        args = replace(args, layers=tuple(replace(s, window=min(s.window or w, w)) for s in args.layers))
     rope = rope_tables(draft_config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
-        return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, ops)
+        return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, ops,
+                     max_block, ring)
 
 
 MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's and Qwen3.5's wrappers: the text model (vision ignored)
@@ -257,9 +263,12 @@ def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, ops: s
 
 
 def load_draft(draft_dir: Path, target: Target, ops: str = "torch", dtype: torch.dtype = torch.float32,
-               prepare: Callable[[nn.Module], None] | None = None) -> Draft:
-    """The draft in `dtype`: every z-lab key used, none missing; embedding and head from `target`."""
-    model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, ops, empty=True)
+               prepare: Callable[[nn.Module], None] | None = None, max_block: int | None = None,
+               ring: bool = False) -> Draft:
+    """The draft in `dtype`: every z-lab key used, none missing; embedding and head from `target`; `max_block`
+    and `ring` as build_draft takes them."""
+    model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, ops, empty=True, max_block=max_block,
+                        ring=ring)
     zlab.borrow(model, target)
     _fill(model, draft_dir, f"draft {draft_dir}", dict, dtype, zlab.BORROWED, prepare)
     return model.eval()

@@ -36,6 +36,9 @@ class DraftSettings:
     logit_scale: float = 1.0
     logit_softcap: float | None = None
     causal: bool | None = None  # None: sliding layers causal, full layers not (z-lab's rule)
+    # Every layer attends to at most this many positions back (the block's own rows always): z-lab's newer
+    # drafts' `sliding_window_size`, llama.cpp's `use_swa` + `swa_window_size`. Causality stays as set above.
+    context_window: int | None = None
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -65,7 +68,19 @@ def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
                          input_embedding_scale=float(setting("input_embedding_scale", 1.0)),
                          logit_scale=float(setting("output_multiplier", 1.0)),
                          logit_softcap=float(softcap) if softcap and softcap > 0 else None,
-                         causal=setting("is_causal", causal))
+                         causal=setting("is_causal", causal), context_window=_context_window(dflash, setting))
+
+
+def _context_window(dflash: dict, setting) -> int | None:
+    """The window every layer of the draft attends within, as z-lab (`sliding_window_size`) or llama.cpp's
+    converter (`use_swa` with `swa_window_size`) write it; None when neither does."""
+    window = setting("sliding_window_size") or (dflash.get("swa_window_size") if dflash.get("use_swa") else None)
+    if window is None:
+        return None
+    if not isinstance(window, int) or window < 2:
+        raise CheckpointError(f"draft config: sliding_window_size {window!r} must be an integer of at least 2 (the "
+                              "anchor and one context position); fix the draft's config.json or remove the key")
+    return window
 
 
 def choose_mask_token(target_dir: Path, vocab_size: int, eos: tuple[int, ...] | list[int] = ()) -> int:

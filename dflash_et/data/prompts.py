@@ -2,6 +2,7 @@
 with the target's chat template by data.chat)."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from dflash_et.data.corpus import SPLITS, samples
@@ -88,3 +89,48 @@ def _prompt_row(row: dict, category: str, where: str) -> dict:
     if not text:
         raise ValueError(f"{where}: no 'prompt', 'question' or 'turns' field, nor 'messages'")
     return {"category": row.get("category") or category, "prompt": text}
+
+
+LONG = "long"  # the category of long prompts: a document, then a question
+
+
+def passages(source: str, n: int) -> list[str]:
+    """`n` texts of `source`'s train split to make documents of (builtin: its prompts with their answers), so that
+    no long prompt holds a measured question."""
+    if source == "builtin":
+        return [f"{prompt}\n{answer}" for _, prompt, answer in samples(n, seed=PROMPT_SEED, split="train")]
+    rows = load_prompts(source, n, split="train")
+    return [p if isinstance(p, str) else "\n".join(m["content"] for m in p) for p in (r["prompt"] for r in rows)]
+
+
+def with_document(question: str | list[dict], texts: list[str], tokens: int,
+                  count: Callable[[str | list[dict]], int]) -> str | list[dict]:
+    """`question` after a document of `texts`, taken in order (and again from the first if they run out), each
+    while the prompt stays within `tokens` as `count` (the prompt's length in tokens) counts it, one that would not
+    fit skipped; a conversation gets the document in its last user turn."""
+    if not texts:
+        raise ValueError("no texts to make a document of: the prompt set has no train-split rows")
+
+    def prompt(chosen: list[str]):
+        document = "\n\n".join(chosen)
+
+        def ask(q: str) -> str:
+            return f"Read these notes, then answer the question after them.\n\n{document}\n\nQuestion: {q}"
+
+        if isinstance(question, str):
+            return ask(question)
+        return [*question[:-1], {**question[-1], "content": ask(question[-1]["content"])}]
+
+    base = count(prompt([]))
+    cost = {t: count(prompt([t])) - base for t in set(texts)}  # what each adds, nearly: tokens merge at the seams
+    chosen, left, added = [], tokens - base, True
+    while added:  # passes over the texts until none fits
+        added = False
+        for t in texts:
+            if 0 < cost[t] <= left:
+                chosen.append(t)
+                left -= cost[t]
+                added = True
+    while chosen and count(prompt(chosen)) > tokens:
+        chosen.pop()
+    return prompt(chosen)

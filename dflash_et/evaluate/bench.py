@@ -27,7 +27,7 @@ from dflash_et.runtime.generate import Generation, Round, pooled_tau
 from dflash_et.runtime.programs import missing_backend
 from dflash_et.runtime.sampling import Sampler, Sampling
 from dflash_et.data.chat import encode_chat, tokenizer
-from dflash_et.data.prompts import load_prompts
+from dflash_et.data.prompts import LONG, load_prompts, passages, with_document
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class BenchConfig:
 
     prompts: str = "builtin"    # builtin | path to a JSONL file ({"prompt": ..., "category": ...} per line)
     num_prompts: int = 30
+    long_prompts: int = 6       # of the `long` category: a document, then one of the first questions, filling
+                                # half to all of the cache the reply leaves (prompts.with_document)
     max_new_tokens: int = 64
     repeats: int = 1
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
@@ -142,6 +144,17 @@ def _decode(decoder: Decoder, rows: list[dict], encoded: list[list[int]], modes:
     return runs, lossless
 
 
+def long_rows(rows: list[dict], config: BenchConfig, max_context_len: int, count) -> list[dict]:
+    """`config.long_prompts` rows of the `long` category: the first questions of `rows`, each after a document of
+    the set's train-split texts, lengths spread evenly from half to all of the cache left for the reply."""
+    n = config.long_prompts
+    room = max_context_len - config.max_new_tokens
+    texts = passages(config.prompts, room // 8 + 1) if n else []
+    lengths = [room // 2 + (room - room // 2) * i // max(n - 1, 1) for i in range(n)]
+    return [{"category": LONG, "prompt": with_document(rows[i % len(rows)]["prompt"], texts, tokens, count)}
+            for i, tokens in enumerate(lengths)]
+
+
 def collect(decoder: Decoder, programs_dir: Path, rows: list[dict], block_size: BlockSize,
             config: BenchConfig, settings: Sampling | None) -> Runs:
     """Everything the metrics and plots read: the cost curve, then every mode's generations of `rows`."""
@@ -151,6 +164,7 @@ def collect(decoder: Decoder, programs_dir: Path, rows: list[dict], block_size: 
     modes = {str(b): b for b in fixed} | {AUTO: AUTO}
     curve = decoder.cost_curve(config.latency_repeats)  # auto's input, timed by the runner that decodes
     tok = tokenizer(programs_dir)
+    rows = rows + long_rows(rows, config, decoder.max_context_len, lambda p: len(encode_chat(tok, p)))
     encoded = [encode_chat(tok, r["prompt"]) for r in rows]
     generations, lossless = _decode(decoder, rows, encoded, modes, config, settings)
     return Runs(config, block_size, headline, settings, modes, too_large, decoder.max_block_size, curve, len(rows),

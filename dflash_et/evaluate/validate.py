@@ -16,7 +16,7 @@ import torch
 
 from dflash_et.export.lower import ExportConfig, load_models
 from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, measure_cost_curve
-from dflash_et.runtime.generate import generate_ar, generate_dflash
+from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
@@ -107,9 +107,11 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
             block = min(meta_d.max_block_len, meta_d.max_context_len - start - len(tokens))
             if block >= 2:
                 draft_x = torch.tensor([[tokens[-1]] + [settings.mask_token_id] * (block - 1)])
+                skip = unread(meta_d.context_window, start, start + len(tokens))  # as decoding feeds it
+                draft_taps, draft_pos = ref_taps[:, skip:], pos[skip:]
                 with torch.no_grad():
-                    ref = draft_e(draft_x, ref_taps, pos)
-                err, rel = _rel(draft_p(draft_x, ref_taps, pos), ref)
+                    ref = draft_e(draft_x, draft_taps, draft_pos)
+                err, rel = _rel(draft_p(draft_x, draft_taps, draft_pos), ref)
                 worst["draft_abs"].update(err, f"{label}, draft at {start}")
                 worst["draft_rel"].update(rel, f"{label}, draft at {start}")
     return {"worst": worst, "token_agreement": agree / total}

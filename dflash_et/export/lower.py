@@ -2,7 +2,8 @@
 
 Each program carries its own metadata as constant methods (dflash_et.metadata), so a
 runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(prefill chunk,
-max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps.
+max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps (a
+draft with a context window: fewer than its window).
 `export.layout` pair writes target.pte and draft.pte; single writes one target.pte that holds the
 draft's method too, as upstream's DFlash example does, storing the weights they share once.
 """
@@ -88,7 +89,7 @@ class ExportConfig:
     prefill_chunk: int = 64
     max_block_size: int | None = None
     shared_weights: bool = False
-    sliding_cache: str = "ring"  # ring | full: how the target's sliding-window layers cache K/V (see check)
+    sliding_cache: str = "ring"  # ring | full: how sliding-window layers (target, windowed draft) cache K/V
     draft_head: str = "same"     # same | 8da8w: the draft's head at the program's precision, or int8 (see quantize)
     stock_forward: bool = True   # target.pte also has `forward` (logits alone) for ExecuTorch's stock runners (lower)
     layout: str = "pair"         # pair | single: target.pte + draft.pte, or one target.pte with the draft's method
@@ -219,7 +220,10 @@ def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
     # `x[:, 1:]` has a root size and nothing needs to specialize it.
     proposals = Dim("proposals", min=1, max=max_block - 1)
     b = proposals + 1
-    n = Dim("context", min=1, max=config.max_seq_len - 2)
+    most = config.max_seq_len - 2
+    if model.context_window is not None:  # a windowed draft is fed only the taps it reads (runtime.generate)
+        most = min(model.context_window - 1, most)
+    n = Dim("context", min=1, max=most)
     width = model.fc.in_features
     args = (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, width, dtype=model.fc.weight.dtype), torch.arange(2))
     return args, ({1: b}, {1: n}, {0: n})
@@ -329,9 +333,9 @@ def _weight_tag(node: torch.fx.Node) -> str | None:
 
 
 def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path, draft_dir: Path,
-             max_block: int, settings: DraftSettings) -> dict:
+             max_block: int, settings: DraftSettings, context_window: int | None = None) -> dict:
     """Everything a runner must know, inside the program itself: the constant methods of the records of
-    the methods a program of `kind` holds (dflash_et.metadata).
+    the methods a program of `kind` holds (dflash_et.metadata); `context_window` is the draft's (models.draft).
 
     Each carries the fingerprint of the checkpoint it was made from; the draft also carries its target's
     and the layers it reads, so a mismatched pair is caught when loading. A hybrid target (only) says
@@ -349,7 +353,8 @@ def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path,
                                   bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir)))
     if kind != "target":
         records.append(DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
-                                 draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir)))
+                                 draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir),
+                                 context_window=context_window))
     return merged(*records)
 
 
@@ -392,9 +397,10 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
                                           OPS_OF_BACKEND[config.backend], own,
                                           target_only=BORROWED if kind == "draft" else None,
                                           max_call=max(config.prefill_chunk, max_block), verify_call=max_block,
-                                          ring=config.sliding_cache == "ring" and config.backend != "mlx")
+                                          ring=config.sliding_cache == "ring" and config.backend != "mlx",
+                                          max_block=max_block)
     models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
-    meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings)
+    meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window)
     logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
     program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")

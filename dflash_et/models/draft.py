@@ -5,6 +5,10 @@ taps are written to the draft's own cache (it persists across rounds); the block
 mask x (B-1)]` is written right after them and attends to the whole context and to itself, not
 causally. The next call's context overwrites those block entries. Positions must be consecutive.
 
+A draft whose every layer has a window (`context_window`) never reads a tap older than its block's first
+position minus window - 1: decode loops leave such taps out, so a call takes at most window - 1 of them,
+and with `ring` the windowed layers' caches are ring buffers sized for such calls (models.attention).
+
 Training passes many blocks at once: `block_pos` (each block row's position) and `block_mask`
 [rows, n + rows] (which context and block rows each row may see); the cache is then left alone
 and logits come back for the rows in `logit_rows` (default: every row). The head is most of a
@@ -22,7 +26,14 @@ class Draft(nn.Module):
     """The draft's own layers, with the target's embedding and head (borrowed, see checkpoints.zlab)."""
 
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], num_taps: int,
-                 target_hidden: int, logit_scale: float = 1.0, ops: str = "torch"):
+                 target_hidden: int, logit_scale: float = 1.0, ops: str = "torch", max_block: int | None = None,
+                 ring: bool = False):
+        """`max_block`: the longest block a call takes; with it, `ring` gives a windowed draft's layers ring
+        buffers of window + max_block - 1 rows (models.attention.ring_rows with the block as the longest call):
+        the block's queries see the window before them, a call's at most window - 1 taps and block fit without
+        wrapping onto themselves, and as long as no call's block starts before the previous call's (decoding
+        never does), the rows of the previous block that a shorter one leaves hold positions outside every
+        query's window."""
         super().__init__()
         self.rope = Rope(rope)
         self.args, self.max_seq_len, self.logit_scale = a, self.rope.max_seq_len, logit_scale
@@ -30,8 +41,15 @@ class Draft(nn.Module):
         self.lm_head = nn.Linear(target_hidden, a.vocab_size, bias=False)
         self.fc = nn.Linear(num_taps * target_hidden, a.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops) for spec in a.layers)
+        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_block if self.context_window else None,
+                                          ring=ring) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    @property
+    def context_window(self) -> int | None:
+        """How far back the draft reads its context when every layer has a window (the widest), else None."""
+        windows = [spec.window for spec in self.args.layers]
+        return max(windows) if windows and None not in windows else None
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
                 block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None,

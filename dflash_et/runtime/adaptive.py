@@ -128,7 +128,7 @@ class _AcceptNone(Sampler):
 
 
 def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_token_id: int, prefill_chunk: int,
-                       repeats: int = 5) -> CostCurve:
+                       repeats: int = 5, starts: list[int] | None = None) -> CostCurve:
     """Time the draft and target calls of decoding rounds with a block of B = 1..max_block (B = 1: a plain
     step), run by `generate_dflash` itself, at the start, middle and end of the cache: rounds as decoding
     runs them, host work between the calls included, cost what isolated calls do not (on this project's
@@ -137,7 +137,9 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_tok
     block back to back (the same shapes repeat in decoding) and keeps the last two, over `repeats` sweeps
     (`_typical`).
 
-    It writes into both programs' caches: call it before a generation, whose prefill overwrites them."""
+    `starts`: the positions sweeps start at (default: the cache's start, middle and end), each measured at its
+    sweep's mean position. It writes into both programs' caches: call it before a generation, whose prefill
+    overwrites them."""
     per_block = max(1, min(3, (max_seq_len - 1) // max_block))  # fewer in a cache too small for three
     span = per_block * max_block  # positions a sweep moves on, one per round; descending, its blocks fit in them
     # Sweeps alternate the order where the cache has room for an ascending one (its last block ends `max_block`
@@ -145,7 +147,9 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_tok
     # only, block 16 would be timed 12 positions before block 12, 1.6% cheaper on the built-in pair).
     both = max_seq_len - span - max_block >= 1
     last = max(max_seq_len - span - both * max_block, 1)
-    positions = sorted({min(64, last), last // 2 or 1, last})
+    positions = sorted(starts or {min(64, last), last // 2 or 1, last})
+    if positions[0] < 1 or positions[-1] > last:
+        raise UserError(f"cost curve sweeps start at 1..{last} in a cache of {max_seq_len}, not at {positions}")
     target_ms, draft_ms, c_ms = [], [], []
     for pos in positions:
         t_times = {t: [] for t in range(1, max_block + 1)}

@@ -4,14 +4,16 @@ The loops take the models as callables with the programs' signatures, so the ver
 drives the eager PyTorch modules (the reference) and the ExecuTorch programs (the product):
 
     target(tokens [1,T], input_pos [T]) -> (logits [1,T,V], taps [1,T,k*H])
-    draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]
+    draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]   (.context_window: int | None)
 
 A DFlash round: the draft proposes B-1 tokens after `last`; the target verifies
 `[last] + proposals` in one call; the sampler accepts a prefix of the proposals (greedy: the
 longest that matches the target's own argmax; sampled: the speculative-sampling rule, see
 `sampling.py`) and adds the target's next token. Rejected positions need no undo: the next
 target call simply writes its K/V over them. The draft is fed only the taps
-of tokens it has not seen yet, so its context cache grows across rounds.
+of tokens it has not seen yet, so its context cache grows across rounds. A draft with a
+`context_window` (every layer windowed; the exported ones take no more) is not fed taps
+it would never read: those older than the block's first position minus window - 1.
 """
 
 import time
@@ -104,6 +106,12 @@ def prefill(target: TargetFn, prompt: list[int], chunk: int) -> tuple[torch.Tens
     return logits[0, -1], torch.cat(taps, dim=1)
 
 
+def unread(window: int | None, first: int, block_start: int) -> int:
+    """How many taps, from position `first` on, a draft with this context window never reads when its block starts
+    at `block_start`: those more than window - 1 before it (none without a window)."""
+    return 0 if window is None else max(block_start - window + 1 - first, 0)
+
+
 def _cut_at_eos(tokens: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
     for i, t in enumerate(tokens):
         if t in eos_ids:
@@ -155,6 +163,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
+    window = getattr(draft, "context_window", None)
     done = out.tokens[-1] in eos_ids
     while not done:
         room = min(block_size, max_new_tokens - len(out.tokens), max_seq_len - pos)
@@ -165,6 +174,8 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
         last, proposals, q, draft_s = out.tokens[-1], [], None, 0.0
         if b >= 2:
             hidden = torch.cat(unseen, dim=1)
+            skip = unread(window, unseen_start, pos)
+            hidden, unseen_start = hidden[:, skip:], unseen_start + skip
             block, context = torch.tensor([[last] + [mask_token_id] * (b - 1)]), _positions(unseen_start, hidden.shape[1])
             t1 = time.perf_counter()
             draft_logits = draft(block, hidden, context)[0]

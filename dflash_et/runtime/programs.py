@@ -95,6 +95,11 @@ class TargetProgram(Program):
 class DraftProgram(Program):
     METHOD, META = DRAFT_METHOD, DraftMeta
 
+    @property
+    def context_window(self) -> int | None:
+        """As the eager draft's (models.draft): its calls take no tap older than the window."""
+        return self.meta.context_window
+
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         return self.execute(tokens, hidden, input_pos)[0]
 

@@ -62,6 +62,7 @@ class TrainConfig:
     max_seq_len: int = 512
     mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
     embed_scale: float | None = None  # model.draft_embed_scale: None, the target's own (see zlab.DraftSettings)
+    sliding_window: int | None = None  # every draft layer attends this far back (zlab.DraftSettings.context_window)
     seed: int = 0
 
 
@@ -175,6 +176,8 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
     draft_cfg = zlab.draft_config(target_config, mask, config.num_layers, config.block_size)
     if config.embed_scale is not None:
         draft_cfg["dflash_config"]["embed_scale"] = float(config.embed_scale)
+    if config.sliding_window is not None:  # z-lab's key; training's block masks then honour it (models.attention)
+        draft_cfg["dflash_config"]["sliding_window_size"] = config.sliding_window
     from transformers import Qwen3Config
 
     draft = build_draft(Qwen3Config(**draft_cfg), target.args, config.max_seq_len)

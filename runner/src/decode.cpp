@@ -92,7 +92,8 @@ Pair::Pair(const std::string& dir) {
   std::vector<int64_t> eos = target_->integers(meta::kEosIds);
   limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
              draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
-             target_->integer(meta::kVocabSize), {eos.begin(), eos.end()}};
+             target_->integer(meta::kVocabSize), {eos.begin(), eos.end()},
+             draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0};
   for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
                              limits_.max_context_len, limits_.max_block,
                              static_cast<int64_t>(std::filesystem::file_size(target_->path())),
@@ -253,6 +254,11 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     if (b >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
       block_ids.assign(b, limits_.mask_token_id);
       block_ids[0] = last;
+      if (limits_.context_window) {  // taps the windowed draft would never read stay out (generate_dflash)
+        const int64_t unread = std::max<int64_t>(pos - limits_.context_window + 1 - unseen_start, 0);
+        unseen.erase(unseen.begin(), unseen.begin() + unread * taps_width_);
+        unseen_start += unread;
+      }
       const auto n = static_cast<int32_t>(unseen.size() / taps_width_);
       context = positions(unseen_start, n);
       const double t1 = now();

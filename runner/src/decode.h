@@ -21,6 +21,7 @@ inline constexpr int64_t kAuto = -1;  // a block size: `auto`, each round's bloc
 struct Limits {
   int64_t max_context_len, chunk, mask_token_id, max_block, vocab_size;
   std::set<int64_t> eos_ids;
+  int64_t context_window = 0;  // a draft whose every layer is windowed reads no tap older than this (0: none)
 };
 
 // One decode step: a DFlash round, or one plain token (verified = 0); times in seconds.

@@ -89,6 +89,31 @@ def test_target_training_lowers_the_loss():
     chat = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSure!<|im_end|>\n")
     ids = torch.tensor([chat])
     before = model(input_ids=ids, labels=ids).loss.item()
-    builtin.train_target(model, tok, {**builtin.TARGET_TRAINING, "steps": 3, "samples": 64})
+    builtin.train_target(model, tok, {**builtin.TARGET_TRAINING, "steps": 3, "samples": 64, "long_steps": 0})
     assert not model.training
     assert model(input_ids=ids, labels=ids).loss.item() < before
+
+
+def test_long_chats_train_the_reply_after_a_document(monkeypatch):
+    """The second phase's steps each add a chat whose question follows a document of other samples, its loss on
+    the reply alone."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = builtin.build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=builtin.VOCAB_SIZE, **{**builtin.TARGET_SHAPE, "num_hidden_layers": 1}))
+    seq, reply = builtin._chat(tok, "Say hi.", "Hi!")
+    assert tok.decode(seq[reply:]).startswith("Hi!") and reply > 0
+    fed = []
+    loss = builtin._loss
+    monkeypatch.setattr(builtin, "_loss", lambda m, batch, from_reply: fed.append((len(batch[0][0]), from_reply))
+                        or loss(m, batch, from_reply))
+    builtin.train_target(model, tok, {**builtin.TARGET_TRAINING, "steps": 2, "batch": 2, "samples": 64,
+                                      "long_steps": 2, "long_batch": 3, "long_tokens": 700})
+    long = [n for n, from_reply in fed if from_reply]
+    assert len(fed) == 6 and len(long) == 2 and all(256 < n <= 700 + 20 for n in long)
+    with torch.no_grad():  # from_reply: the next-token loss of the reply's tokens alone
+        logits = model(input_ids=torch.tensor([seq])).logits[0]
+        expected = torch.nn.functional.cross_entropy(logits[reply - 1:-1], torch.tensor(seq[reply:]))
+        torch.testing.assert_close(loss(model, [(seq, reply)], True), expected)
+        assert not torch.allclose(loss(model, [(seq, reply)], False), expected)

@@ -9,6 +9,7 @@ downstream code then has a single path for both.
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,7 +18,9 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerF
 
 from dflash_et.checkpoints import families, zlab
 from dflash_et.checkpoints.load import eos_ids
+from dflash_et.data.chat import encode_chat
 from dflash_et.data.corpus import samples
+from dflash_et.data.prompts import with_document
 from dflash_et.threads import all_cores
 
 SEED = 0
@@ -102,37 +105,75 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
     tokenizer.save_pretrained(out)
 
 
-TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2)
+# Training runs in two phases, as a real LLM's: `steps` on short corpus chats, then `long_steps` more (at `long_lr`)
+# that each add one long chat, a question after a document of other corpus samples (data.prompts.with_document,
+# as the bench's `long` prompts are made) of 256..`long_tokens` tokens, its loss on the reply alone. Trained on
+# short chats alone, it replies to a long prompt with a token or two (docs/measurements.md#long-context).
+TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2, long_steps=100,
+                       long_lr=1e-3, long_batch=16, long_tokens=4096)
+
+
+def _chat(tokenizer: PreTrainedTokenizerFast, prompt: str, answer: str) -> tuple[list[int], int]:
+    """A chat rendered as a generation prompt plus a reply ending with the tokenizer's EOS (the end of a turn),
+    and where the reply starts."""
+    head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True, enable_thinking=False)
+    return tokenizer.encode(head + answer + tokenizer.eos_token + "\n"), len(tokenizer.encode(head))
+
+
+def _loss(model: PreTrainedModel, batch: list[tuple[list[int], int]], from_reply: bool) -> torch.Tensor:
+    """Next-token loss over a padded batch of chats, on whole chats or (`from_reply`) on their replies only."""
+    length = max(len(seq) for seq, _ in batch)
+    ids = torch.zeros(len(batch), length, dtype=torch.long)
+    labels = torch.full((len(batch), length), -100)
+    for i, (seq, reply) in enumerate(batch):
+        first = reply if from_reply else 0
+        ids[i, :len(seq)] = torch.tensor(seq)
+        labels[i, first:len(seq)] = ids[i, first:len(seq)]
+    return model(input_ids=ids, labels=labels).loss
+
+
+def _descend(model: PreTrainedModel, steps: int, lr: float, warmup: int, loss: Callable[[], torch.Tensor],
+             desc: str) -> None:
+    """`steps` AdamW steps on `loss()`: a linear warmup, then a cosine to 0."""
+    from tqdm import tqdm
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    for _ in tqdm(range(steps), desc=desc):
+        value = loss()
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        schedule.step()
 
 
 @all_cores()
 def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: dict = TARGET_TRAINING) -> None:
-    """Next-token training on corpus chats, each rendered exactly as a generation prompt plus a reply that
-    ends with the tokenizer's EOS (the end of a turn)."""
-    from tqdm import tqdm
-
-    chats = []
-    for _, prompt, answer in samples(t["samples"], seed=t["seed"]):
-        head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True, enable_thinking=False)
-        chats.append(tokenizer.encode(head + answer + tokenizer.eos_token + "\n"))
+    """Next-token training on corpus chats, then on long ones too (see TARGET_TRAINING)."""
+    corpus = samples(t["samples"], seed=t["seed"])
+    chats = [_chat(tokenizer, prompt, answer) for _, prompt, answer in corpus]
+    texts = [f"{prompt}\n{answer}" for _, prompt, answer in corpus]
     gen = torch.Generator().manual_seed(t["seed"])
-    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / t["warmup"]) * 0.5 * (1 + math.cos(math.pi * s / t["steps"])))
+
+    def short(n: int) -> list[tuple[list[int], int]]:
+        return [chats[i] for i in torch.randint(0, len(chats), (n,), generator=gen).tolist()]
+
+    def long_chat() -> tuple[list[int], int]:
+        i, first, tokens = (int(torch.randint(0, n, (1,), generator=gen)) for n in
+                            (len(corpus), len(texts), t["long_tokens"] - 256 - 64))
+        document = (texts[first:] + texts[:first])[:t["long_tokens"] // 8]
+        prompt = with_document(corpus[i][1], document, 256 + tokens, lambda p: len(encode_chat(tokenizer, p)))
+        return _chat(tokenizer, prompt, corpus[i][2])
+
     model.train()
-    for _ in tqdm(range(t["steps"]), desc="training the built-in target"):
-        batch = [chats[i] for i in torch.randint(0, len(chats), (t["batch"],), generator=gen).tolist()]
-        length = max(map(len, batch))
-        ids = torch.zeros(len(batch), length, dtype=torch.long)
-        labels = torch.full((len(batch), length), -100)
-        for i, seq in enumerate(batch):
-            ids[i, :len(seq)] = labels[i, :len(seq)] = torch.tensor(seq)
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        schedule.step()
+    _descend(model, t["steps"], t["lr"], t["warmup"], lambda: _loss(model, short(t["batch"]), from_reply=False),
+             "training the built-in target")
+    if t["long_steps"]:
+        _descend(model, t["long_steps"], t["long_lr"], t["warmup"],
+                 lambda: _loss(model, short(t["long_batch"]), False) + _loss(model, [long_chat()], True),
+                 "training the built-in target on long chats")
     model.eval()
 
 

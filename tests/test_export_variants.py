@@ -186,7 +186,9 @@ def test_validate_of_quantized_programs_reports_what_the_quantization_costs(trai
     assert report["failures"] == [], report["failures"]
     reference = report["fp32_reference"]
     assert 0.5 < reference["token_agreement"] <= 1.0 and 0.0 < reference["target_rel_err"] < 1.0
-    assert report["token_agreement"] >= reference["token_agreement"]  # nearer its twin than the fp32 model
+    # nearer its twin than the fp32 model, in logits: argmax agreement alone flips with a near tie, and which
+    # ties flip depends on the CPU's XNNPACK kernels (0.98 vs 1.0 on one machine, the reverse on another)
+    assert report["target_rel_err"] < reference["target_rel_err"], (report["target_rel_err"], reference)
     strict = validate_config(prompts=1, max_new_tokens=8,
                              reduced={"max_rel_err": 1.0, "min_token_agreement": 1.01, "require_lossless": False})
     [failure] = validate(quantized_shared_programs, *trained_pair, strict)["failures"]

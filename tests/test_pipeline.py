@@ -83,7 +83,8 @@ def test_repro_then_nothing_to_do(project):
     trained = json.loads((project / "reports/train_draft/metrics.json").read_text())  # DVCLive's summary, in git
     assert trained["steps"] == 30 and trained["heldout_tau"] >= 1.0
     categories = set(json.loads((project / "reports/bench.json").read_text())["tau_by_category"])
-    assert categories <= {"math", "code", "chat", "summarize", "rewrite", "multi-turn"}  # prompts: auto -> assistant
+    assert categories - {"long"} <= {"math", "code", "chat", "summarize", "rewrite", "multi-turn"}  # prompts: auto -> assistant
+    assert "long" in categories  # bench.long_prompts: 1, a document then a question
     assert report["sampling"]["same_distribution"] and report["sampling"]["tests"] == 12  # 2 modes x tokens 1..6
     draft = json.loads((project / "artifacts/weights/draft/config.json").read_text())
     target = json.loads((project / "artifacts/weights/target/config.json").read_text())

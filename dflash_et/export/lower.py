@@ -11,6 +11,7 @@ draft's method too, as upstream's DFlash example does, storing the weights they 
 import copy
 import logging
 import resource
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -447,6 +448,20 @@ def linear_weights(model: torch.nn.Module, config: ExportConfig) -> dict:
 def peak_memory(*models: torch.nn.Module) -> dict:
     """This process's peak resident memory so far, and per parameter of the exported models (a tensor they
     share counted once)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = vm_hwm()
     parameters = sum(p.numel() for p in {id(p): p for m in models for p in m.parameters()}.values())
     return {"peak_rss_bytes": peak, "parameters": parameters, "peak_bytes_per_parameter": round(peak / parameters, 3)}
+
+
+def vm_hwm(status: Path = Path("/proc/self/status")) -> int:
+    """This process's own peak resident set in bytes (`VmHWM`). Not `ru_maxrss`: Linux carries that over an
+    exec from the parent, so an export started by a bigger process (dvc, a test runner) reported the parent's
+    peak. Where there is no /proc (macOS), ru_maxrss is all there is (bytes there, KiB on Linux)."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024

@@ -13,7 +13,7 @@ import logging
 import resource
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -26,6 +26,7 @@ from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
+from dflash_et.export.frugal import spilling
 from dflash_et.files import write_json
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged
 from dflash_et.models.block import ModelArgs
@@ -403,11 +404,13 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
     meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window)
     logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
-    program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(pte, "wb") as f:
-        program.write_to_file(f)
+    # the emitter's constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was
+    with nullcontext() if config.shared_weights else spilling(out_dir):
+        program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
+        with open(pte, "wb") as f:
+            program.write_to_file(f)
     if config.shared_weights:
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")

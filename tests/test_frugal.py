@@ -1,0 +1,46 @@
+"""export.frugal: a program emitted with its constants as file ranges is the program emitted with bytes copies."""
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from dflash_et.export.frugal import FileRange, spilling
+
+
+def test_file_range_reads_its_bytes_alone(tmp_path: Path):
+    f = tmp_path / "data"
+    f.write_bytes(b"head" + bytes(range(256)) * 300 + b"tail")
+    r = FileRange(str(f), 4, 256 * 300)
+    assert len(r) == 256 * 300 and r.to_bytes() == bytes(range(256)) * 300 and r.prefix(3) == b"\0\1\2"
+    assert r.sha256() == hashlib.sha256(bytes(range(256)) * 300).digest()
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, mapped: torch.Tensor):
+        super().__init__()
+        self.mapped = torch.nn.Parameter(mapped, requires_grad=False)  # a file's mapping, as a checkpoint's weights
+        self.own = torch.nn.Parameter(torch.randn(48, 32), requires_grad=False)  # anonymous memory: spooled
+        self.register_buffer("cache", torch.zeros(4, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.cache.add_(x[:1])
+        return x @ self.mapped.T @ self.own + self.cache.sum()
+
+
+def _program(model: torch.nn.Module) -> bytes:
+    from executorch.exir import to_edge
+
+    return to_edge(torch.export.export(model, (torch.randn(4, 32),))).to_executorch().buffer
+
+
+def test_spilled_program_is_the_unspilled_one(tmp_path: Path):
+    weights = tmp_path / "weights.bin"
+    torch.randn(48, 32).numpy().tofile(weights)
+    model = _Net(torch.from_file(str(weights), shared=False, size=48 * 32).view(48, 32)).eval()
+    plain = _program(model)
+    with spilling(tmp_path) as spiller:
+        spilled = _program(model)
+        assert spiller.end == 48 * 32 * 4  # the mapped weight was not spooled, the anonymous one was
+    assert spilled == plain
+    assert list(tmp_path.iterdir()) == [weights]  # the spool is gone

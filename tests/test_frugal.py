@@ -44,3 +44,21 @@ def test_spilled_program_is_the_unspilled_one(tmp_path: Path):
         assert spiller.end == 48 * 32 * 4  # the mapped weight was not spooled, the anonymous one was
     assert spilled == plain
     assert list(tmp_path.iterdir()) == [weights]  # the spool is gone
+
+
+def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
+    import pytest
+    from safetensors.torch import load_file, save_file
+
+    from dflash_et.checkpoints.load import load_target
+    from dflash_et.errors import CheckpointError
+    from tests.conftest import random_checkpoint
+
+    target = random_checkpoint(tmp_path / "target", "qwen3")
+    weights = load_file(target / "model.safetensors")
+    key = next(k for k in weights if k.endswith("q_proj.weight"))
+    weights[key] = weights[key].to(torch.float8_e4m3fn)
+    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"^target .*: {key} is stored as torch.float8_e4m3fn, which is not "
+                                              r"supported; use a checkpoint in bf16, fp16 or fp32 \(.*\)$"):
+        load_target(target, [1], 64)

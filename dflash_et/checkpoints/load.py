@@ -219,6 +219,19 @@ def check_weights(name: str, module: nn.Module, actual: dict[str, tuple[int, ...
         raise CheckpointError(f"{name}: weights do not match its config.json ({'; '.join(problems)})")
 
 
+FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what a weight may be stored as
+
+
+def _floating(tensor: torch.Tensor, where: str) -> torch.Tensor:
+    """A weight as stored, refused if it is not plain floating point (a pre-quantized checkpoint's int/fp8 data
+    would be cast to garbage). In the export dtype already, it stays the checkpoint's mapping: never read
+    into memory unless used (export.frugal writes it to the program from the file)."""
+    if tensor.dtype not in FLOATS:
+        raise CheckpointError(f"{where} is stored as {tensor.dtype}, which is not supported; use a checkpoint in "
+                              "bf16, fp16 or fp32 (dequantize a pre-quantized one; export.quantize quantizes it)")
+    return tensor
+
+
 def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict], dtype: torch.dtype,
           optional: tuple[str, ...] = (), prepare: Callable[[nn.Module], None] | None = None,
           only: tuple[str, ...] | None = None) -> None:
@@ -233,8 +246,8 @@ def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict
         with safe_open(f, "pt") as st:
             keys = {ours: theirs for ours, theirs in rename({k: k for k in st.keys()}).items()
                     if only is None or ours in only}
-            model.load_state_dict({ours: st.get_tensor(theirs).to(dtype) for ours, theirs in keys.items()},
-                                  strict=False, assign=True)
+            model.load_state_dict({ours: _floating(st.get_tensor(theirs), f"{name}/{f.name}: {theirs}").to(dtype)
+                                   for ours, theirs in keys.items()}, strict=False, assign=True)
         for i, layer in enumerate(layers):
             if prepare is not None and i not in prepared and not any(p.is_meta for p in layer.parameters()):
                 prepare(layer)

@@ -14,8 +14,10 @@ from stages.common import params, run
 
 
 def train_config(p: dict) -> TrainConfig:
-    """The train_draft section, with the draft's embedding scale from model.draft_embed_scale."""
-    return parse(TrainConfig, p.get("train_draft"), "train_draft", outside={"embed_scale": p["model"].draft_embed_scale})
+    """The train_draft section, with the draft's embedding scale from model.draft_embed_scale and its positions from
+    export.max_seq_len: a draft is trained for the context its program holds."""
+    return parse(TrainConfig, p.get("train_draft"), "train_draft",
+                 outside={"embed_scale": p["model"].draft_embed_scale, "max_seq_len": p["export"]["max_seq_len"]})
 
 
 def main(argv: list[str]) -> None:

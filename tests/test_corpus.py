@@ -3,8 +3,8 @@
 import pytest
 
 from dflash_et.data.corpus import CATEGORIES, samples, split_of
-from dflash_et.data.prompts import builtin_prompts
-from dflash_et.training.train import TrainConfig, training_prompts
+from dflash_et.data.prompts import builtin_prompts, text_of
+from dflash_et.training.train import TrainConfig, long_rows, training_prompts, with_long_rows
 
 
 def test_samples_are_seeded():
@@ -35,3 +35,32 @@ def test_a_prompt_file_keeps_its_first_rows_for_heldout(tmp_path):
 def test_unknown_split_is_refused():
     with pytest.raises(ValueError, match="split 'test' is not one of"):
         samples(3, split="test")
+
+
+def _words(prompt) -> int:
+    return len(text_of(prompt).split())
+
+
+def test_long_rows_put_a_document_before_their_share_of_prompts_rising_to_the_room():
+    rows = [{"category": "c", "prompt": f"question {i}?"} for i in range(8)]
+    texts = [f"text {i} " + "word " * 9 for i in range(40)]
+    out = long_rows(rows, 0.25, texts, 200, _words)
+    changed = [i for i, (a, b) in enumerate(zip(rows, out)) if a != b]
+    assert changed == [3, 7]  # a quarter, spread out
+    lengths = [_words(out[i]["prompt"]) for i in changed]
+    assert lengths[0] < lengths[1] <= 200 and lengths[1] > 150
+    for i in changed:
+        assert out[i]["prompt"].endswith(f"Question: question {i}?") and out[i]["category"] == "c"
+    assert out[3]["prompt"].split("\n\n")[1] != out[7]["prompt"].split("\n\n")[1]  # each starts at another text
+
+
+def test_long_prompts_in_training_come_from_the_train_split_and_a_bad_share_is_refused():
+    config = TrainConfig(num_prompts=40, heldout=8, max_seq_len=512, long_prompts=0.5)
+    heldout, train = with_long_rows(config, *training_prompts(config), _words)
+    long = [r["prompt"] for r in heldout + train if r["prompt"].startswith("Read these notes")]
+    assert len(long) == 24
+    measured = {r["prompt"] for r in builtin_prompts(600)}
+    assert not any(m in p.split("Question: ")[0] for p in long for m in measured)  # no measured prompt in a document
+    assert with_long_rows(TrainConfig(), [{"prompt": "a"}], [], _words) == ([{"prompt": "a"}], [])
+    with pytest.raises(ValueError, match=r"^train_draft.long_prompts=1.5 is a share of the prompts: give 0 to 1$"):
+        with_long_rows(TrainConfig(long_prompts=1.5), [], [], _words)

@@ -157,7 +157,7 @@ def test_training_with_a_window_sees_only_the_window(windowed):
 
     def logits(taps):
         with torch.no_grad():
-            return draft(batch.tokens, taps[None], batch.ctx_pos, batch.block_pos, batch.mask)
+            return draft(batch.tokens, taps[batch.ctx_pos][None], batch.ctx_pos, batch.block_pos, batch.mask)
 
     base = logits(seq.taps)
     old, inside = seq.taps.clone(), seq.taps.clone()
@@ -165,6 +165,23 @@ def test_training_with_a_window_sees_only_the_window(windowed):
     inside[30 - WINDOW + 1] += 1.0
     torch.testing.assert_close(logits(old), base)
     assert not torch.allclose(logits(inside), base)
+
+
+def test_training_packs_only_the_taps_a_window_reads_and_the_loss_is_the_same(windowed):
+    from dflash_et.training.train import Sequence, batch_loss, pack
+
+    target, draft, settings = load_pair(*windowed, max_seq_len=96)
+    width = len(settings.target_layer_ids) * target.args.hidden_size
+    g = torch.Generator().manual_seed(6)
+    seqs = [Sequence(torch.randint(0, 300, (n,), generator=g), torch.randn(n - 1, width, generator=g), 5)
+            for n in (80, 40)]
+    anchors = [torch.tensor([50, 70]), torch.tensor([20, 30])]
+    trimmed = pack(seqs, anchors, BLOCK, settings.mask_token_id, 7.0, draft.context_window)
+    whole = pack(seqs, anchors, BLOCK, settings.mask_token_id, 7.0)
+    assert trimmed.ctx_pos.tolist() == [*range(50 - WINDOW + 1, 70), *range(20 - WINDOW + 1, 30)]
+    assert whole.ctx_pos.tolist() == [*range(70), *range(30)]  # no window: all before the last anchor
+    with torch.no_grad():
+        torch.testing.assert_close(batch_loss(draft, trimmed), batch_loss(draft, whole))
 
 
 def test_train_draft_writes_the_window_into_the_draft(tmp_path, windowed):

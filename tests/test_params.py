@@ -28,7 +28,7 @@ SECTIONS = {
     "peers": (PeerConfig, lambda p: PeerConfig.from_params(p["peers"]), ()),
     "train_draft": (TrainConfig, train_config, ()),
 }
-OUTSIDE = {"train_draft": {"embed_scale"}}  # set from model.draft_embed_scale
+OUTSIDE = {"train_draft": {"embed_scale", "max_seq_len"}}  # set from model.draft_embed_scale, export.max_seq_len
 
 
 @pytest.fixture
@@ -102,6 +102,11 @@ def test_a_missing_setting_without_a_default_is_refused_and_the_rest_default():
     with pytest.raises(UserError, match=r"^train_draft.embed_scale is not a setting; the train_draft section takes "
                                         r"steps, "):
         parse(TrainConfig, {"embed_scale": 2.0}, "train_draft", outside={"embed_scale": None})
+
+
+def test_the_draft_trains_at_the_positions_its_program_holds(repo_params):
+    repo_params["export"]["max_seq_len"] = 4096
+    assert train_config(repo_params).max_seq_len == 4096
 
 
 def test_an_unknown_section_is_refused_in_one_line(tmp_path, monkeypatch):

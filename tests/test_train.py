@@ -38,12 +38,14 @@ def test_packed_rows_see_their_own_sequence_before_the_anchor_and_their_own_bloc
     _, _, mask_id, seqs = setup
     anchors = [torch.tensor([3, 7]), torch.tensor([5])]
     batch = pack(seqs, anchors, 4, mask_id, gamma=7.0)
-    ctx = len(seqs[0].tokens) + len(seqs[1].tokens)
+    packed = [(0, p) for p in range(7)] + [(1, p) for p in range(5)]  # each sequence's taps before its last anchor
+    ctx = len(packed)
     assert batch.mask.shape == (12, ctx + 12) and batch.hidden.shape[1] == ctx
+    assert batch.hidden[0, :7].equal(seqs[0].taps[:7]) and batch.hidden[0, 7:].equal(seqs[1].taps[:5])
     owners = [(0, 3), (0, 7), (1, 5)]
     for r in range(12):
         s, a = owners[r // 4]
-        sees = [(i == s and p < a) for i, seq in enumerate(seqs) for p in range(len(seq.tokens))]
+        sees = [(i == s and p < a) for i, p in packed]
         assert batch.mask[r, :ctx].tolist() == sees
         assert batch.mask[r, ctx:].tolist() == [k // 4 == r // 4 for k in range(12)]
         assert int(batch.block_pos[r]) == a + r % 4

@@ -99,8 +99,12 @@ def passages(source: str, n: int) -> list[str]:
     no long prompt holds a measured question."""
     if source == "builtin":
         return [f"{prompt}\n{answer}" for _, prompt, answer in samples(n, seed=PROMPT_SEED, split="train")]
-    rows = load_prompts(source, n, split="train")
-    return [p if isinstance(p, str) else "\n".join(m["content"] for m in p) for p in (r["prompt"] for r in rows)]
+    return [text_of(r["prompt"]) for r in load_prompts(source, n, split="train")]
+
+
+def text_of(prompt: str | list[dict]) -> str:
+    """A prompt as plain text to put in a document: a conversation's turns, one after another."""
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
 
 
 def with_document(question: str | list[dict], texts: list[str], tokens: int,

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
 from dflash_et.data.chat import encode_chat, tokenizer
-from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, load_prompts
+from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, load_prompts, passages, text_of, with_document
 from dflash_et.files import write_json
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
@@ -59,7 +59,8 @@ class TrainConfig:
     heldout: int = 12             # prompts kept out of training, for the acceptance estimate
     max_new_tokens: int = 48
     generate_batch: int = 16      # prompts per batched generation of the target's replies
-    max_seq_len: int = 512
+    max_seq_len: int = 512        # positions the target and the draft hold while training (stages: export.max_seq_len)
+    long_prompts: float = 0.0     # share of the prompts (training and held-out) asked after a document (long_rows)
     mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
     embed_scale: float | None = None  # model.draft_embed_scale: None, the target's own (see zlab.DraftSettings)
     sliding_window: int | None = None  # every draft layer attends this far back (zlab.DraftSettings.context_window)
@@ -135,10 +136,22 @@ def loss_weights(block: int, gamma: float) -> torch.Tensor:
     return torch.exp(-(torch.arange(1, block, dtype=torch.float32) - 1) / gamma)
 
 
-def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_token_id: int, gamma: float) -> Batch:
-    """One batch of blocks: a row of anchor i of sequence s sees the taps of s before the anchor and block i."""
-    ctx_seq = torch.cat([torch.full((len(s.taps),), i) for i, s in enumerate(seqs)])
-    ctx_pos = torch.cat([torch.arange(len(s.taps)) for s in seqs])
+def read_span(anchors: torch.Tensor, window: int | None) -> tuple[int, int]:
+    """The taps a sequence's blocks read: those before its last anchor, and, under a context `window`, no older
+    than its first anchor's window. Packing only these keeps a long prompt's step as cheap as a short one's."""
+    if not len(anchors):
+        return 0, 0
+    low = 0 if window is None else max(int(anchors.min()) - window + 1, 0)
+    return low, int(anchors.max())
+
+
+def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_token_id: int, gamma: float,
+         window: int | None = None) -> Batch:
+    """One batch of blocks: a row of anchor i of sequence s sees the taps of s before the anchor and block i
+    (within `window` of it: the draft's `context_window`; only the taps some row reads are packed)."""
+    spans = [read_span(a, window) for a in anchors]
+    ctx_seq = torch.cat([torch.full((high - low,), i) for i, (low, high) in enumerate(spans)])
+    ctx_pos = torch.cat([torch.arange(low, high) for low, high in spans])
     rows = [(i, a) for i, a_s in enumerate(anchors) for a in a_s.tolist()]
     row_seq = torch.tensor([i for i, _ in rows]).repeat_interleave(block)
     row_anchor = torch.tensor([a for _, a in rows]).repeat_interleave(block)
@@ -154,7 +167,8 @@ def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_tok
         end = min(a + block, len(seq))
         labels[r * block + 1:r * block + 1 + end - a - 1] = seq[a + 1:end]
     weights = torch.cat([torch.zeros(1), loss_weights(block, gamma)]).repeat(len(rows)) * (labels >= 0)
-    return Batch(tokens[None], torch.cat([s.taps for s in seqs])[None], ctx_pos, row_anchor + offset,
+    hidden = torch.cat([s.taps[low:high] for s, (low, high) in zip(seqs, spans)])
+    return Batch(tokens[None], hidden[None], ctx_pos, row_anchor + offset,
                  torch.cat([sees_ctx, sees_block], dim=1), labels, weights)
 
 
@@ -228,6 +242,34 @@ def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
     return rows[:config.heldout], rows[config.heldout:]
 
 
+def long_rows(rows: list[dict], share: float, texts: list[str], room: int, count) -> list[dict]:
+    """`rows`, `share` of them (evenly spread) asked after a document of `texts` as the bench's `long` prompts are
+    (prompts.with_document), their lengths in tokens (`count`) rising evenly to `room`, each document starting at
+    another text. A draft trained on short prompts alone stops accepting after a long one, even one the target
+    answers as it would a short one (docs/measurements.md#long-context)."""
+    picked = [i for i in range(len(rows)) if int((i + 1) * share) > int(i * share)]
+    out = list(rows)
+    for j, i in enumerate(picked):
+        first = j * len(texts) // len(picked)
+        out[i] = {**rows[i], "prompt": with_document(rows[i]["prompt"], texts[first:] + texts[:first],
+                                                     room * (j + 1) // len(picked), count)}
+    return out
+
+
+def with_long_rows(config: TrainConfig, heldout: list[dict], train: list[dict], count) -> tuple[list[dict], list[dict]]:
+    """`training_prompts`' rows with `config.long_prompts` of each asked after a document filling up to what
+    `max_seq_len` leaves for the reply: of the set's train-split texts (a file's: its training rows')."""
+    if not 0 <= config.long_prompts <= 1:
+        raise ValueError(f"train_draft.long_prompts={config.long_prompts} is a share of the prompts: give 0 to 1")
+    if not config.long_prompts:
+        return heldout, train
+    room = config.max_seq_len - config.max_new_tokens
+    texts = (passages(config.prompts, room // 8 + 1) if config.prompts in PROMPT_SETS
+             else [text_of(r["prompt"]) for r in train])
+    return (long_rows(heldout, config.long_prompts, texts, room, count),
+            long_rows(train, config.long_prompts, texts, room, count))
+
+
 def _check_mask_token(target_dir: Path, mask: int, vocab_size: int) -> None:
     if not 0 <= mask < vocab_size:
         raise ValueError(f"train_draft.mask_token_id={mask} is outside the target {target_dir}'s {vocab_size} "
@@ -268,7 +310,7 @@ def _fit(draft: Draft, data: list[Sequence], config: TrainConfig, steps: int, ma
     for step in tqdm(range(steps), desc="[train_draft] training", unit="step", disable=rank != 0):
         picks = [data[i] for i in torch.randint(0, len(data), (config.batch,), generator=gen).tolist()]
         batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
-                     config.gamma)
+                     config.gamma, draft.context_window)
         loss = batch_loss(model, batch)
         opt.zero_grad()
         loss.backward()
@@ -297,7 +339,7 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
     eos = set(eos_ids(target_dir))
 
     tok = tokenizer(target_dir)
-    heldout_rows, train_rows = training_prompts(config)
+    heldout_rows, train_rows = with_long_rows(config, *training_prompts(config), lambda p: len(encode_chat(tok, p)))
     heldout = [encode_chat(tok, r["prompt"]) for r in heldout_rows]
     train_prompts = [encode_chat(tok, r["prompt"]) for r in train_rows]
     t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 import hashlib
 from pathlib import Path
 
+import pytest
 import torch
 
 from dflash_et.export.frugal import FileRange, spilling
@@ -47,7 +48,6 @@ def test_spilled_program_is_the_unspilled_one(tmp_path: Path):
 
 
 def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
-    import pytest
     from safetensors.torch import load_file, save_file
 
     from dflash_et.checkpoints.load import load_target
@@ -62,3 +62,26 @@ def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
     with pytest.raises(CheckpointError, match=rf"^target .*: {key} is stored as torch.float8_e4m3fn, which is not "
                                               r"supported; use a checkpoint in bf16, fp16 or fp32 \(.*\)$"):
         load_target(target, [1], 64)
+
+
+@pytest.mark.parametrize("params", [dict(quantize="8da4w"), dict(backend="mlx", dtype="bf16", quantize="4w"),
+                                    dict(dtype="fp32")])
+def test_a_frugal_export_writes_the_plain_ones_program(params, tmp_path: Path, monkeypatch):
+    """Quantized weights, converted ones and the delegates' constants kept in the spool (and out of memory), and
+    weights quantized a row at a time (export.by_rows), change no byte of the program: the same export with
+    `spilling` a no-op and whole weights quantized at once writes the same target.pte."""
+    from contextlib import nullcontext
+
+    from dflash_et.export import by_rows, lower
+    from tests.conftest import chat_checkpoint, random_draft
+
+    target = chat_checkpoint(tmp_path / "target", "gemma4_text")
+    draft = random_draft(tmp_path / "draft", target, num_layers=1)
+    config = lower.ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False, **params)
+    monkeypatch.setattr(by_rows, "ROW_BLOCK", 1)
+    lower.export_program("target", target, draft, config, tmp_path / "frugal")
+    monkeypatch.setattr(by_rows, "ROW_BLOCK", 1 << 40)
+    monkeypatch.setattr(lower, "spilling", lambda directory: nullcontext())
+    lower.export_program("target", target, draft, config, tmp_path / "plain")
+    assert (tmp_path / "frugal" / "target.pte").read_bytes() == (tmp_path / "plain" / "target.pte").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "frugal").iterdir()) == ["export.json", "target.pte"]  # no spool left

@@ -7,21 +7,32 @@ own dtype is mmapped, and torch.export never reads its pages) becomes a range of
 `pread` (the page cache, not this process's resident set); any other constant (converted weights, RoPE tables,
 caches) is written once to a spool file and becomes a range of that. ExecuTorch's `Cord` writes `FileBackedData`
 pieces by streaming them, so the program written is byte for byte the same.
+
+A quantized export makes new weights (torchao's int8-held int values and scales, a converted embedding) and
+XNNPACK packs them once more: `Spiller.kept` moves a module's new weights to the spool as they are made, mapped back
+read-only (page cache, not anonymous memory), and drops the pages that reading the old ones made resident (RssFile
+counts in VmHWM); under `spilling`, the delegates' constants (XNNPACK's packed bytes, MLX's tensors) become file
+ranges too.
 """
 
 import bisect
 import builtins
 import ctypes
 import hashlib
+import mmap
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from executorch.exir._serialize._cord import FileBackedData
 
 CHUNK = 1 << 24
+ALIGN = 64  # of each tensor kept in the spool: any dtype's view of it is aligned
+MADV_DONTNEED = 4  # Linux's: a file mapping's pages leave the resident set (the file keeps the data)
 
 
 class FileRange(FileBackedData):
@@ -82,6 +93,8 @@ class Spiller:
         self.fd = os.open(spool, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.end = 0
         self.maps: tuple[list[int], list[tuple[int, int, int, str]]] | None = None
+        self.spooled: dict[bytes, FileRange] = {}  # by sha256: XNNPACK asks for each constant's bytes twice
+        self.mappings: list[tuple[mmap.mmap, int, int]] = []  # of the spool (by `kept`), their addresses and sizes
 
     def close(self) -> None:
         os.close(self.fd)
@@ -107,25 +120,87 @@ class Spiller:
         return path, offset + address - start
 
     def range_of(self, array: ctypes.Array) -> FileRange:
-        """A constant's bytes as a file range: where it is mapped from, or written to the spool."""
+        """A constant's bytes as a file range: where it is mapped from, or written to the spool (once)."""
         address, size = ctypes.addressof(array), ctypes.sizeof(array)
         mapped = self._mapped(address, size)
         if mapped is not None:
             return FileRange(mapped[0], mapped[1], size)
         view = memoryview(array).cast("B")
-        digest = hashlib.sha256(view)
-        offset = self.end
-        for at in range(0, size, CHUNK):
+        digest = hashlib.sha256(view).digest()
+        if digest not in self.spooled:
+            self.spooled[digest] = FileRange(str(self.spool), self._write(view), size, digest)
+        return self.spooled[digest]
+
+    def _write(self, view: memoryview, align: int = 1) -> int:
+        """Append bytes to the spool at a multiple of `align`; returns their offset."""
+        offset = -(-self.end // align) * align
+        for at in range(0, len(view), CHUNK):
             os.pwrite(self.fd, view[at:at + CHUNK], offset + at)
-        self.end += size
-        return FileRange(str(self.spool), offset, size, digest.digest())
+        self.end = offset + len(view)
+        return offset
+
+    @contextmanager
+    def kept(self, module: torch.nn.Module):
+        """Around a change of `module`'s weights (quantizing them): afterwards its weights that live in anonymous
+        memory are in the spool, mapped back read-only, and the pages of the old ones' files that were read
+        (the checkpoint's, quantizing read them) are dropped from the resident set."""
+        self.maps = None  # loading mapped and unmapped checkpoint shards since
+        before = _tensors(module)
+        yield
+        self._keep([t for t in _tensors(module) if t.is_contiguous() and t.nbytes >= ALIGN
+                    and self._mapped(t.data_ptr(), t.nbytes) is None])
+        self.release(before)
+
+    def _keep(self, tensors: list[torch.Tensor]) -> None:
+        """Each tensor's bytes appended to the spool, and its data a read-only mapping of them (a storage of its
+        own: ExecuTorch's serializers take a constant's whole storage)."""
+        if not tensors:
+            return
+        start = -(-self.end // mmap.PAGESIZE) * mmap.PAGESIZE
+        offsets = [self._write(memoryview(t.reshape(-1).view(torch.uint8).numpy()), ALIGN if i else mmap.PAGESIZE)
+                   for i, t in enumerate(tensors)]
+        mapping = mmap.mmap(self.fd, self.end - start, offset=start, access=mmap.ACCESS_READ)
+        with warnings.catch_warnings():  # read-only on purpose: a write to a weight would be a bug, and crashes
+            warnings.simplefilter("ignore")
+            self.mappings.append((mapping, torch.frombuffer(mapping, dtype=torch.uint8).data_ptr(), len(mapping)))
+            for t, offset in zip(tensors, offsets):
+                t.data = torch.frombuffer(mapping, dtype=t.dtype, count=t.numel(), offset=offset - start).view(t.shape)
+        self.maps = None  # a new mapping
+
+    def holds(self, storage: torch.UntypedStorage) -> bool:
+        """Whether a storage is (in) one of the spool's read-only mappings."""
+        return any(at <= storage.data_ptr() < at + size for _, at, size in self.mappings)
+
+    def release(self, tensors: list[torch.Tensor] = ()) -> None:
+        """Drop the resident pages of the spool's mappings and of the file-mapped `tensors`: what reading them
+        made resident, which the file gives back when read again."""
+        for mapping, _, _ in self.mappings:
+            mapping.madvise(MADV_DONTNEED)
+        for t in tensors:
+            if t.nbytes and self._mapped(t.data_ptr(), t.nbytes) is not None:
+                start, end = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE, t.data_ptr() + t.nbytes
+                ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+
+
+def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The plain tensors that hold a module's parameters' data (a quantized weight's inner qdata, scale, ...)."""
+    out, todo = {}, list(module.parameters())
+    while todo:
+        t = todo.pop()
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+            todo += [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+        else:
+            out[id(t)] = t
+    return list(out.values())
 
 
 @contextmanager
 def spilling(directory: Path | None = None):
-    """Within it, ExecuTorch's emitter (`to_executorch`) keeps constants as file ranges, spooling those that no
-    file holds under `directory` (default: the temp dir); the spool lives until the context ends, so write the
-    program inside it."""
+    """Within it, ExecuTorch's emitter (`to_executorch`) and the XNNPACK and MLX delegates keep constants as file
+    ranges, spooling those that no file holds under `directory` (default: the temp dir); the spool lives until
+    the context ends, so load (`Spiller.kept`), lower and write the program inside it."""
+    from executorch.backends.xnnpack.operators import node_visitor
+    from executorch.exir._serialize import _named_data_store
     from executorch.exir.emit import _emitter
 
     handle, name = tempfile.mkstemp(prefix="dflash-spool-", suffix=".bin", dir=directory)
@@ -134,18 +209,42 @@ def spilling(directory: Path | None = None):
 
     def to_bytes(data=b"", *args):
         if isinstance(data, ctypes.Array) and not args:
-            return spiller.range_of(data)
+            spilled = spiller.range_of(data)
+            spiller.release()  # what XNNPACK read of the weights to pack them
+            return spilled
         return builtins.bytes(data, *args)
+
+    def tensor_to_bytes(tensor: torch.Tensor):  # MLX's constants
+        if not tensor.is_contiguous() or not tensor.nbytes:
+            return plain_tensor_to_bytes(tensor)
+        return spiller.range_of((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr()))
 
     def sha256(data=b""):
         return _Digest(data.sha256()) if isinstance(data, FileBackedData) else hashlib.sha256(data)
 
+    # lowering deep-copies programs, their weights too: those in the spool are read-only, so copies share them
+    copying = {cls: cls.__deepcopy__ for cls in (torch.UntypedStorage, torch.nn.Parameter)}
+
+    def deepcopy(data, memo: dict):
+        kind = torch.UntypedStorage if isinstance(data, torch.UntypedStorage) else torch.nn.Parameter
+        return data if spiller.holds(data if kind is torch.UntypedStorage else data.untyped_storage()) \
+            else copying[kind](data, memo)
+
     shim = type("hashlib", (), {"sha256": staticmethod(sha256)})
-    _emitter.bytes, _emitter.hashlib = to_bytes, shim
+    plain_tensor_to_bytes = _named_data_store._tensor_to_bytes
+    for module in (_emitter, node_visitor):
+        module.bytes, module.hashlib = to_bytes, shim
+    _named_data_store._tensor_to_bytes = tensor_to_bytes
+    for cls in copying:
+        cls.__deepcopy__ = deepcopy
     try:
         yield spiller
     finally:
-        del _emitter.bytes
-        _emitter.hashlib = hashlib
+        for module in (_emitter, node_visitor):
+            del module.bytes
+            module.hashlib = hashlib
+        _named_data_store._tensor_to_bytes = plain_tensor_to_bytes
+        for cls, plain in copying.items():
+            cls.__deepcopy__ = plain
         spiller.close()
         os.unlink(name)

@@ -26,7 +26,8 @@ from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
 from dflash_et.errors import ExportError
-from dflash_et.export.frugal import spilling
+from dflash_et.export import by_rows
+from dflash_et.export.frugal import Spiller, spilling
 from dflash_et.files import write_json
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged
 from dflash_et.models.block import ModelArgs
@@ -154,6 +155,8 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
     backends/mlx/examples/llm/dflash/export.py quantizing Linears and the embedding alike): int4 weight-only,
     grouped, HQQ scales, on every Linear and the embedding, which MLX lowers to its quantized matmul and
     gather. A head tied to the embedding is tied again afterwards (as that recipe does), so it stays one tensor.
+    Either quantizes a block of rows at a time (export.by_rows): the same values, without fp32 copies of the
+    whole head.
     """
     if config.draft_head != "same" and isinstance(model, Draft):
         _int8_head(model)
@@ -166,15 +169,17 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
 
     granularity = PerGroup(config.group_size) if q.weight_dtype == torch.int4 else PerAxis(0)
     if q.dynamic_activations:
-        quantize_(model, Int8DynamicActivationIntxWeightConfig(weight_dtype=q.weight_dtype,
-                                                               weight_granularity=granularity),
-                  filter_fn=lambda module, _: isinstance(module, torch.nn.Linear) and not _quantized(module))
+        recipe = Int8DynamicActivationIntxWeightConfig(weight_dtype=q.weight_dtype, weight_granularity=granularity)
+        for linear in [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not _quantized(m)]:
+            by_rows.quantize_affine(linear, recipe)
         return
     tied = hasattr(model, "lm_head") and model.lm_head.weight is model.embed_tokens.weight
     recipe = IntxWeightOnlyConfig(weight_dtype=q.weight_dtype, granularity=granularity,
                                   intx_choose_qparams_algorithm="hqq_scale_only")
-    quantize_(model, recipe, filter_fn=lambda module, _: isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
-              and not _quantized(module))
+    head = model.lm_head if tied else None  # quantized once, as the embedding
+    with by_rows.hqq():
+        quantize_(model, recipe, filter_fn=lambda module, _: isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
+                  and module is not head and not _quantized(module))
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
 
@@ -182,13 +187,13 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
 def _int8_head(draft: Draft) -> None:
     """export.draft_head=8da8w: the draft's head alone with int8 per-row weights and int8 dynamic activations
     (its own copy: the target's head, and a tied embedding, stay as they are)."""
-    from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
 
     head = draft.lm_head = copy.deepcopy(draft.lm_head)  # the target's, borrowed: in one program with it (single)
-    quantize_(draft, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
-              filter_fn=lambda module, _: module is head and not _quantized(module))
+    if not _quantized(head):
+        by_rows.quantize_affine(head, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8,
+                                                                            weight_granularity=PerAxis(0)))
 
 
 def _quantized(module: torch.nn.Module) -> bool:
@@ -199,17 +204,24 @@ def _quantized(module: torch.nn.Module) -> bool:
 
 
 def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq_len: int, ops: str = "torch",
-                quantized: tuple[str, ...] = ("target", "draft"), **load) -> tuple[Target, Draft, DraftSettings]:
+                quantized: tuple[str, ...] = ("target", "draft"), spiller: Spiller | None = None,
+                **load) -> tuple[Target, Draft, DraftSettings]:
     """The target and the draft as programs of `config` hold them: weights read in its dtype and quantized by its
     recipe (`quantize`), each decoder layer as it loads, then the rest of the models named in `quantized` (the
-    program's own). `ops` is the op set: the backend's to export, `torch` for the eager twin validate
-    compares the programs with; `load` as checkpoints.pair.load_pair takes it."""
-    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype],
-                                        partial(quantize, config=config), **load)
+    program's own); with a `spiller` (export), the weights each step makes go to its spool (frugal.Spiller.kept).
+    `ops` is the op set: the backend's to export, `torch` for the eager twin validate compares the programs
+    with; `load` as checkpoints.pair.load_pair takes it."""
+    prepare = partial(_prepare, config=config, spiller=spiller)
+    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype], prepare, **load)
     for name, model in (("target", target), ("draft", draft)):
         if name in quantized:
-            quantize(model, config)  # what is not in a decoder layer: the head, the embedding, the draft's fc
+            prepare(model)  # what is not in a decoder layer: the head, the embedding, the draft's fc
     return target, draft, settings
+
+
+def _prepare(module: torch.nn.Module, config: ExportConfig, spiller: Spiller | None) -> None:
+    with nullcontext() if spiller is None else spiller.kept(module):
+        quantize(module, config)
 
 
 def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
@@ -395,19 +407,19 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
                           "portable only; set export.backend=xnnpack")
     own = tuple(k for k in ("target", "draft") if kind in (k, "single"))
-    target, draft, settings = load_models(target_dir, draft_dir, config, config.max_seq_len,
-                                          OPS_OF_BACKEND[config.backend], own,
-                                          target_only=BORROWED if kind == "draft" else None,
-                                          max_call=max(config.prefill_chunk, max_block), verify_call=max_block,
-                                          ring=config.sliding_cache == "ring" and config.backend != "mlx",
-                                          max_block=max_block)
-    models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
-    meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window)
-    logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
-    # the emitter's constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was
-    with nullcontext() if config.shared_weights else spilling(out_dir):
+    # weights and constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was
+    with nullcontext() if config.shared_weights else spilling(out_dir) as spiller:
+        target, draft, settings = load_models(target_dir, draft_dir, config, config.max_seq_len,
+                                              OPS_OF_BACKEND[config.backend], own, spiller,
+                                              target_only=BORROWED if kind == "draft" else None,
+                                              max_call=max(config.prefill_chunk, max_block), verify_call=max_block,
+                                              ring=config.sliding_cache == "ring" and config.backend != "mlx",
+                                              max_block=max_block)
+        models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
+        meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window)
+        logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
         program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
         with open(pte, "wb") as f:
             program.write_to_file(f)

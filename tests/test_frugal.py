@@ -85,3 +85,20 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, tmp_path: Path, m
     lower.export_program("target", target, draft, config, tmp_path / "plain")
     assert (tmp_path / "frugal" / "target.pte").read_bytes() == (tmp_path / "plain" / "target.pte").read_bytes()
     assert sorted(p.name for p in (tmp_path / "frugal").iterdir()) == ["export.json", "target.pte"]  # no spool left
+
+
+@pytest.mark.parametrize("rows_at_once", [1, 7, 64])
+def test_hqq_by_rows_is_torchaos_hqq(rows_at_once, monkeypatch):
+    """by_rows' HQQ, a block of rows at a time, gives torchao's whole-weight HQQ values, early stop included
+    (a weight whose scales settle at once and one that iterates)."""
+    from torchao.quantization.quant_primitives import _choose_qparams_and_quantize_scale_only_hqq as torchaos
+
+    from dflash_et.export import by_rows
+
+    g = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(by_rows, "ROW_BLOCK", rows_at_once * 128 * 4)
+    for weight in (torch.randn(64, 128, generator=g).to(torch.bfloat16), torch.ones(64, 128, dtype=torch.bfloat16)):
+        for group in (32, 128):
+            q, scale = by_rows._hqq(weight, [1, group], -8, 7)
+            q0, scale0 = torchaos(weight, [1, group], -8, 7)
+            assert q.dtype == torch.int8 and q.equal(q0.to(torch.int8)) and scale.equal(scale0)

@@ -64,3 +64,15 @@ def test_long_prompts_in_training_come_from_the_train_split_and_a_bad_share_is_r
     assert with_long_rows(TrainConfig(), [{"prompt": "a"}], [], _words) == ([{"prompt": "a"}], [])
     with pytest.raises(ValueError, match=r"^train_draft.long_prompts=1.5 is a share of the prompts: give 0 to 1$"):
         with_long_rows(TrainConfig(long_prompts=1.5), [], [], _words)
+
+
+def test_prompts_too_long_for_the_programs_are_left_out_and_none_fitting_is_refused():
+    from dflash_et.training.train import _fitting
+
+    config, said = TrainConfig(max_seq_len=10, max_new_tokens=4), []
+    assert _fitting([[1] * 6, [1] * 7, [1] * 2], config, "training", said.append) == [[1] * 6, [1] * 2]
+    assert said == ["[train_draft] 1 of 3 training prompts left out: longer than export.max_seq_len=10 leaves room "
+                    "for with a 4-token reply"]
+    with pytest.raises(ValueError, match=r"^no held-out prompt of train_draft.prompts=builtin fits export.max_seq_len=10 "
+                                         r"with a 4-token reply; raise export.max_seq_len or use shorter prompts$"):
+        _fitting([[1] * 7], config, "held-out", said.append)

@@ -270,6 +270,20 @@ def with_long_rows(config: TrainConfig, heldout: list[dict], train: list[dict], 
             long_rows(train, config.long_prompts, texts, room, count))
 
 
+def _fitting(prompts: list[list[int]], config: TrainConfig, name: str, log) -> list[list[int]]:
+    """The prompts that leave room for a reply within `max_seq_len` (export.max_seq_len): the programs can decode
+    no longer one, so the draft need not learn it; none left is refused in one line."""
+    fits = [ids for ids in prompts if len(ids) + config.max_new_tokens <= config.max_seq_len]
+    if not fits:
+        raise ValueError(f"no {name} prompt of train_draft.prompts={config.prompts} fits export.max_seq_len="
+                         f"{config.max_seq_len} with a {config.max_new_tokens}-token reply; raise export.max_seq_len "
+                         "or use shorter prompts")
+    if len(fits) < len(prompts):
+        log(f"[train_draft] {len(prompts) - len(fits)} of {len(prompts)} {name} prompts left out: longer than "
+            f"export.max_seq_len={config.max_seq_len} leaves room for with a {config.max_new_tokens}-token reply")
+    return fits
+
+
 def _check_mask_token(target_dir: Path, mask: int, vocab_size: int) -> None:
     if not 0 <= mask < vocab_size:
         raise ValueError(f"train_draft.mask_token_id={mask} is outside the target {target_dir}'s {vocab_size} "
@@ -340,8 +354,8 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
 
     tok = tokenizer(target_dir)
     heldout_rows, train_rows = with_long_rows(config, *training_prompts(config), lambda p: len(encode_chat(tok, p)))
-    heldout = [encode_chat(tok, r["prompt"]) for r in heldout_rows]
-    train_prompts = [encode_chat(tok, r["prompt"]) for r in train_rows]
+    heldout, train_prompts = (_fitting([encode_chat(tok, r["prompt"]) for r in rows], config, name, log)
+                              for rows, name in ((heldout_rows, "held-out"), (train_rows, "training")))
     t0 = time.perf_counter()
     data = target_sequences(target_dir, target.layer_ids, train_prompts, config.max_new_tokens, eos,
                             config.generate_batch)

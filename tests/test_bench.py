@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dflash_et.evaluate.bench import PLOT_COLUMNS, BenchConfig, run_bench
-from dflash_et.data.prompts import load_prompts, with_document
+from dflash_et.data.prompts import load_prompts, with_documents
 
 
 def test_bench_metrics_and_plots(programs, monkeypatch):
@@ -108,7 +108,7 @@ def test_long_prompts_are_a_document_then_a_question(source):
         assert asked == last(question["prompt"]) and not any(q in document for q in measured)
     assert long_rows(rows, BenchConfig(long_prompts=0), 1024, len) == []
     with pytest.raises(ValueError, match="no texts to make a document of"):
-        with_document("q", [], 100, len)
+        with_documents(["q"], [], [100], len)
 
 
 def test_builtin_prompts_cover_categories():

@@ -20,7 +20,7 @@ from dflash_et.checkpoints import families, zlab
 from dflash_et.checkpoints.load import eos_ids
 from dflash_et.data.chat import encode_chat
 from dflash_et.data.corpus import samples
-from dflash_et.data.prompts import with_document
+from dflash_et.data.prompts import with_documents
 from dflash_et.threads import all_cores
 
 SEED = 0
@@ -106,7 +106,7 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
 
 
 # Training runs in two phases, as a real LLM's: `steps` on short corpus chats, then `long_steps` more (at `long_lr`)
-# that each add one long chat, a question after a document of other corpus samples (data.prompts.with_document,
+# that each add one long chat, a question after a document of other corpus samples (data.prompts.with_documents,
 # as the bench's `long` prompts are made) of 256..`long_tokens` tokens, its loss on the reply alone. Trained on
 # short chats alone, it replies to a long prompt with a token or two (docs/measurements.md#long-context).
 TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2, long_steps=100,
@@ -164,7 +164,7 @@ def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: 
         i, first, tokens = (int(torch.randint(0, n, (1,), generator=gen)) for n in
                             (len(corpus), len(texts), t["long_tokens"] - 256 - 64))
         document = (texts[first:] + texts[:first])[:t["long_tokens"] // 8]
-        prompt = with_document(corpus[i][1], document, 256 + tokens, lambda p: len(encode_chat(tokenizer, p)))
+        [prompt] = with_documents([corpus[i][1]], document, [256 + tokens], lambda p: len(encode_chat(tokenizer, p)))
         return _chat(tokenizer, prompt, corpus[i][2])
 
     model.train()

@@ -94,9 +94,10 @@ def _prompt_row(row: dict, category: str, where: str) -> dict:
 LONG = "long"  # the category of long prompts: a document, then a question
 
 
-def passages(source: str, n: int) -> list[str]:
-    """`n` texts of `source`'s train split to make documents of (builtin: its prompts with their answers), so that
-    no long prompt holds a measured question."""
+def document_texts(source: str, tokens: int) -> list[str]:
+    """Enough of `source`'s train-split texts for documents of up to `tokens` tokens (a text is some 8 or more),
+    so that no long prompt holds a measured question (builtin: its prompts with their answers)."""
+    n = tokens // 8 + 1
     if source == "builtin":
         return [f"{prompt}\n{answer}" for _, prompt, answer in samples(n, seed=PROMPT_SEED, split="train")]
     return [text_of(r["prompt"]) for r in load_prompts(source, n, split="train")]
@@ -107,34 +108,44 @@ def text_of(prompt: str | list[dict]) -> str:
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
 
 
-def with_document(question: str | list[dict], texts: list[str], tokens: int,
-                  count: Callable[[str | list[dict]], int]) -> str | list[dict]:
-    """`question` after a document of `texts`, taken in order (and again from the first if they run out), each
-    while the prompt stays within `tokens` as `count` (the prompt's length in tokens) counts it, one that would not
-    fit skipped; a conversation gets the document in its last user turn."""
+def _asked(question: str | list[dict], chosen: list[str]) -> str | list[dict]:
+    """`question` after a document of the `chosen` texts; a conversation gets it in its last user turn."""
+    document = "\n\n".join(chosen)
+
+    def ask(q: str) -> str:
+        return f"Read these notes, then answer the question after them.\n\n{document}\n\nQuestion: {q}"
+
+    if isinstance(question, str):
+        return ask(question)
+    return [*question[:-1], {**question[-1], "content": ask(question[-1]["content"])}]
+
+
+def with_documents(questions: list[str | list[dict]], texts: list[str], lengths: list[int],
+                   count: Callable[[str | list[dict]], int], rotate: bool = False) -> list[str | list[dict]]:
+    """Each question after a document of `texts` within its length in tokens, as `count` (a prompt's length in
+    tokens) counts it: texts taken in order (and again from the first if they run out), one that would not fit
+    skipped. What each text adds is counted once for all the prompts (a 4k-token document is hundreds of texts,
+    and counting is a chat template and a tokenizer); it is nearly exact (tokens merge at the seams), so each
+    prompt is counted whole at the end and trimmed. `rotate`: documents start at texts spread over `texts`, so
+    that they differ."""
     if not texts:
         raise ValueError("no texts to make a document of: the prompt set has no train-split rows")
-
-    def prompt(chosen: list[str]):
-        document = "\n\n".join(chosen)
-
-        def ask(q: str) -> str:
-            return f"Read these notes, then answer the question after them.\n\n{document}\n\nQuestion: {q}"
-
-        if isinstance(question, str):
-            return ask(question)
-        return [*question[:-1], {**question[-1], "content": ask(question[-1]["content"])}]
-
-    base = count(prompt([]))
-    cost = {t: count(prompt([t])) - base for t in set(texts)}  # what each adds, nearly: tokens merge at the seams
-    chosen, left, added = [], tokens - base, True
-    while added:  # passes over the texts until none fits
-        added = False
-        for t in texts:
-            if 0 < cost[t] <= left:
-                chosen.append(t)
-                left -= cost[t]
-                added = True
-    while chosen and count(prompt(chosen)) > tokens:
-        chosen.pop()
-    return prompt(chosen)
+    if not questions:
+        return []
+    base = count(_asked(questions[0], []))
+    cost = {t: count(_asked(questions[0], [t])) - base for t in set(texts)}
+    out = []
+    for j, (question, tokens) in enumerate(zip(questions, lengths, strict=True)):
+        first = j * len(texts) // len(questions) if rotate else 0
+        chosen, left, added = [], tokens - count(_asked(question, [])), True
+        while added:  # passes over the texts until none fits
+            added = False
+            for t in texts[first:] + texts[:first]:
+                if 0 < cost[t] <= left:
+                    chosen.append(t)
+                    left -= cost[t]
+                    added = True
+        while chosen and count(_asked(question, chosen)) > tokens:
+            chosen.pop()
+        out.append(_asked(question, chosen))
+    return out

@@ -27,7 +27,7 @@ from dflash_et.runtime.generate import Generation, Round, pooled_tau
 from dflash_et.runtime.programs import missing_backend
 from dflash_et.runtime.sampling import Sampler, Sampling
 from dflash_et.data.chat import encode_chat, tokenizer
-from dflash_et.data.prompts import LONG, load_prompts, passages, with_document
+from dflash_et.data.prompts import LONG, document_texts, load_prompts, with_documents
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class BenchConfig:
     prompts: str = "builtin"    # builtin | path to a JSONL file ({"prompt": ..., "category": ...} per line)
     num_prompts: int = 30
     long_prompts: int = 6       # of the `long` category: a document, then one of the first questions, filling
-                                # half to all of the cache the reply leaves (prompts.with_document)
+                                # half to all of the cache the reply leaves (prompts.with_documents)
     max_new_tokens: int = 64
     repeats: int = 1
     warmup: int = 1             # prompts run (AR and DFlash) before timing starts
@@ -148,11 +148,13 @@ def long_rows(rows: list[dict], config: BenchConfig, max_context_len: int, count
     """`config.long_prompts` rows of the `long` category: the first questions of `rows`, each after a document of
     the set's train-split texts, lengths spread evenly from half to all of the cache left for the reply."""
     n = config.long_prompts
+    if not n:
+        return []
     room = max_context_len - config.max_new_tokens
-    texts = passages(config.prompts, room // 8 + 1) if n else []
     lengths = [room // 2 + (room - room // 2) * i // max(n - 1, 1) for i in range(n)]
-    return [{"category": LONG, "prompt": with_document(rows[i % len(rows)]["prompt"], texts, tokens, count)}
-            for i, tokens in enumerate(lengths)]
+    questions = [rows[i % len(rows)]["prompt"] for i in range(n)]
+    return [{"category": LONG, "prompt": p}
+            for p in with_documents(questions, document_texts(config.prompts, room), lengths, count)]
 
 
 def collect(decoder: Decoder, programs_dir: Path, rows: list[dict], block_size: BlockSize,

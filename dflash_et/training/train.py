@@ -32,7 +32,8 @@ from tqdm import tqdm
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
 from dflash_et.data.chat import encode_chat, tokenizer
-from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, load_prompts, passages, text_of, with_document
+from dflash_et.data.prompts import (PROMPT_SETS, builtin_prompts, document_texts, load_prompts, text_of,
+                                    with_documents)
 from dflash_et.files import write_json
 from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
@@ -244,27 +245,28 @@ def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
 
 def long_rows(rows: list[dict], share: float, texts: list[str], room: int, count) -> list[dict]:
     """`rows`, `share` of them (evenly spread) asked after a document of `texts` as the bench's `long` prompts are
-    (prompts.with_document), their lengths in tokens (`count`) rising evenly to `room`, each document starting at
+    (prompts.with_documents), their lengths in tokens (`count`) rising evenly to `room`, each document starting at
     another text. A draft trained on short prompts alone stops accepting after a long one, even one the target
     answers as it would a short one (docs/measurements.md#long-context)."""
     picked = [i for i in range(len(rows)) if int((i + 1) * share) > int(i * share)]
+    lengths = [room * (j + 1) // len(picked) for j in range(len(picked))]
+    asked = with_documents([rows[i]["prompt"] for i in picked], texts, lengths, count, rotate=True)
     out = list(rows)
-    for j, i in enumerate(picked):
-        first = j * len(texts) // len(picked)
-        out[i] = {**rows[i], "prompt": with_document(rows[i]["prompt"], texts[first:] + texts[:first],
-                                                     room * (j + 1) // len(picked), count)}
+    for i, prompt in zip(picked, asked):
+        out[i] = {**rows[i], "prompt": prompt}
     return out
 
 
 def with_long_rows(config: TrainConfig, heldout: list[dict], train: list[dict], count) -> tuple[list[dict], list[dict]]:
     """`training_prompts`' rows with `config.long_prompts` of each asked after a document filling up to what
-    `max_seq_len` leaves for the reply: of the set's train-split texts (a file's: its training rows')."""
+    `max_seq_len` leaves for the reply, of the set's train-split texts (prompts.document_texts; a file's: its
+    training rows', so that no held-out question is in a document)."""
     if not 0 <= config.long_prompts <= 1:
         raise ValueError(f"train_draft.long_prompts={config.long_prompts} is a share of the prompts: give 0 to 1")
     if not config.long_prompts:
         return heldout, train
     room = config.max_seq_len - config.max_new_tokens
-    texts = (passages(config.prompts, room // 8 + 1) if config.prompts in PROMPT_SETS
+    texts = (document_texts(config.prompts, room) if config.prompts in PROMPT_SETS
              else [text_of(r["prompt"]) for r in train])
     return (long_rows(heldout, config.long_prompts, texts, room, count),
             long_rows(train, config.long_prompts, texts, room, count))
@@ -354,8 +356,8 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, rank: int, dist
 
     tok = tokenizer(target_dir)
     heldout_rows, train_rows = with_long_rows(config, *training_prompts(config), lambda p: len(encode_chat(tok, p)))
-    heldout, train_prompts = (_fitting([encode_chat(tok, r["prompt"]) for r in rows], config, name, log)
-                              for rows, name in ((heldout_rows, "held-out"), (train_rows, "training")))
+    heldout = _fitting([encode_chat(tok, r["prompt"]) for r in heldout_rows], config, "held-out", log)
+    train_prompts = _fitting([encode_chat(tok, r["prompt"]) for r in train_rows], config, "training", log)
     t0 = time.perf_counter()
     data = target_sequences(target_dir, target.layer_ids, train_prompts, config.max_new_tokens, eos,
                             config.generate_batch)

@@ -47,6 +47,48 @@ def test_spilled_program_is_the_unspilled_one(tmp_path: Path):
     assert list(tmp_path.iterdir()) == [weights]  # the spool is gone
 
 
+def _rss_file() -> int:
+    """This process's resident pages of mapped files, in bytes."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("RssFile:")).split()[1]) * 1024
+
+
+def _mapped_file(path: Path, data: torch.Tensor) -> torch.Tensor:
+    path.write_bytes(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return torch.from_file(str(path), shared=False, size=data.numel(), dtype=data.dtype).view(data.shape)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="resident pages are read from Linux's /proc")
+def test_drop_lets_a_mapped_tensors_pages_go_and_leaves_memory_alone(tmp_path: Path):
+    from dflash_et.resident import drop
+
+    data = torch.arange(1 << 22, dtype=torch.float32)  # 16 MiB
+    mapped = _mapped_file(tmp_path / "weights.bin", data)
+    assert torch.equal(mapped, data)  # read: resident
+    before = _rss_file()
+    drop(mapped)
+    assert _rss_file() < before - (12 << 20)
+    assert torch.equal(mapped, data)  # read again, from the file
+    own = data.clone()
+    drop(own)  # anonymous memory: MADV_DONTNEED would zero it
+    assert torch.equal(own, data)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="resident pages are read from Linux's /proc")
+def test_a_weight_converted_into_the_spool_is_its_conversion_and_stays_out_of_memory(tmp_path: Path, monkeypatch):
+    from dflash_et.export import frugal
+
+    data = torch.randn(512, 4096).to(torch.bfloat16)  # 4 MiB stored, 8 MiB converted
+    mapped = _mapped_file(tmp_path / "weights.bin", data)
+    monkeypatch.setattr(frugal, "CHUNK", 1 << 16)  # blocks of 4 rows
+    with spilling(tmp_path) as spiller:
+        before = _rss_file()
+        converted = spiller.converted(mapped, torch.float32)
+        assert _rss_file() < before + (2 << 20)  # neither the checkpoint's pages nor the conversion resident
+        assert spiller.holds(converted.untyped_storage()) and torch.equal(converted, data.float())
+        assert spiller.converted(converted, torch.float32) is converted  # in its dtype already: as it is
+
+
 def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
     from safetensors.torch import load_file, save_file
 
@@ -64,23 +106,32 @@ def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
         load_target(target, [1], 64)
 
 
-@pytest.mark.parametrize("params", [dict(quantize="8da4w"), dict(backend="mlx", dtype="bf16", quantize="4w"),
-                                    dict(dtype="fp32")])
-def test_a_frugal_export_writes_the_plain_ones_program(params, tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("params, stored", [(dict(quantize="8da4w"), torch.bfloat16),
+                                            (dict(backend="mlx", dtype="bf16", quantize="4w"), torch.float32),
+                                            (dict(dtype="fp32"), torch.float32)],
+                         ids=["8da4w-from-bf16", "mlx-4w-from-fp32", "fp32"])
+def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path: Path, monkeypatch):
     """Quantized weights, converted ones and the delegates' constants kept in the spool (and out of memory), and
-    weights quantized a row at a time (export.by_rows), change no byte of the program: the same export with
-    `spilling` a no-op and whole weights quantized at once writes the same target.pte."""
+    weights quantized or converted a block of rows at a time (export.by_rows, frugal.Spiller.converted), change
+    no byte of the program: the same export with `spilling` a no-op and whole weights quantized at once writes
+    the same target.pte. `stored`: the checkpoint's dtype (a bf16 one for an fp32 program is converted)."""
     from contextlib import nullcontext
 
-    from dflash_et.export import by_rows, lower
+    from safetensors.torch import load_file, save_file
+
+    from dflash_et.export import by_rows, frugal, lower
     from tests.conftest import chat_checkpoint, random_draft
 
     target = chat_checkpoint(tmp_path / "target", "gemma4_text")
+    weights = target / "model.safetensors"
+    save_file({k: v.to(stored) for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     draft = random_draft(tmp_path / "draft", target, num_layers=1)
     config = lower.ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False, **params)
     monkeypatch.setattr(by_rows, "ROW_BLOCK", 1)
+    monkeypatch.setattr(frugal, "CHUNK", 256)
     lower.export_program("target", target, draft, config, tmp_path / "frugal")
     monkeypatch.setattr(by_rows, "ROW_BLOCK", 1 << 40)
+    monkeypatch.setattr(frugal, "CHUNK", 1 << 24)
     monkeypatch.setattr(lower, "spilling", lambda directory: nullcontext())
     lower.export_program("target", target, draft, config, tmp_path / "plain")
     assert (tmp_path / "frugal" / "target.pte").read_bytes() == (tmp_path / "plain" / "target.pte").read_bytes()
@@ -102,3 +153,26 @@ def test_hqq_by_rows_is_torchaos_hqq(rows_at_once, monkeypatch):
             q, scale = by_rows._hqq(weight, [1, group], -8, 7)
             q0, scale0 = torchaos(weight, [1, group], -8, 7)
             assert q.dtype == torch.int8 and q.equal(q0.to(torch.int8)) and scale.equal(scale0)
+
+
+def test_a_recipe_not_one_row_per_row_is_refused(monkeypatch):
+    """by_rows stitches torchao's blocks of rows back together: a quantized layout that holds anything but one row
+    per row of the weight (a packed one) would be stitched wrong, so it is refused."""
+    import torchao.quantization
+    from torchao.quantization.quant_api import Int8WeightOnlyConfig
+
+    from dflash_et.export import by_rows
+
+    real = torchao.quantization.quantize_
+
+    def packed(module: torch.nn.Module, config) -> None:  # torchao's own layout, two rows to a row of its data
+        real(module, config)
+        names, attributes = module.weight.__tensor_flatten__()
+        inner = {name: getattr(module.weight, name) for name in names}
+        inner["qdata"] = inner["qdata"].reshape(-1, 2 * module.weight.shape[1])
+        module.weight = torch.nn.Parameter(type(module.weight).__tensor_unflatten__(
+            inner, attributes, module.weight.shape, module.weight.stride()), requires_grad=False)
+
+    monkeypatch.setattr(torchao.quantization, "quantize_", packed)
+    with pytest.raises(ValueError, match=r"^Int8Tensor.qdata is not one row per row of the weight$"):
+        by_rows.quantize_affine(torch.nn.Linear(64, 8, bias=False), Int8WeightOnlyConfig())

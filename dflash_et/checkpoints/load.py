@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from dflash_et import resident
 from dflash_et.checkpoints import families, zlab
 from dflash_et.errors import CheckpointError
 from dflash_et.models.block import ModelArgs
@@ -234,24 +235,35 @@ def _floating(tensor: torch.Tensor, where: str) -> torch.Tensor:
 
 def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict], dtype: torch.dtype,
           optional: tuple[str, ...] = (), prepare: Callable[[nn.Module], None] | None = None,
-          only: tuple[str, ...] | None = None) -> None:
-    """Load an `empty` model's weights in `dtype`, one safetensors shard at a time, so the peak is the model
-    in `dtype` plus one shard, never a float32 copy of it all. `prepare` (quantization) runs on each decoder
-    layer as soon as its weights are in, so a quantized export never holds all layers unquantized either.
+          only: tuple[str, ...] | None = None, convert: Callable[[torch.Tensor, torch.dtype], torch.Tensor] | None = None
+          ) -> None:
+    """Load an `empty` model's weights in `dtype`, a tensor at a time, so the peak is the model in `dtype` plus one
+    weight, never a float32 copy of it all nor of a shard. `prepare` (quantization) runs on each module of a decoder
+    layer as soon as its own weights are in (a Linear once its weight is), so a quantized export never holds more
+    than one of them unquantized.
+    `convert` converts the weights outside the decoder layers (the embedding, the head: export converts them a
+    block at a time into its spool), `Tensor.to` the rest. The pages of the checkpoint that converting read are
+    dropped (resident.drop): its mapping is not unmapped before the shard is done.
     `only`: load just these parameters (the rest stay on the meta device, taking no memory)."""
     check_weights(name, model, rename(header_shapes(ckpt, name)), optional)
-    layers = getattr(model, "layers", [])
     prepared = set()
     for f in weight_files(ckpt):
         with safe_open(f, "pt") as st:
             keys = {ours: theirs for ours, theirs in rename({k: k for k in st.keys()}).items()
                     if only is None or ours in only}
-            model.load_state_dict({ours: _floating(st.get_tensor(theirs), f"{name}/{f.name}: {theirs}").to(dtype)
-                                   for ours, theirs in keys.items()}, strict=False, assign=True)
-        for i, layer in enumerate(layers):
-            if prepare is not None and i not in prepared and not any(p.is_meta for p in layer.parameters()):
-                prepare(layer)
-                prepared.add(i)
+            for ours, theirs in keys.items():
+                stored = _floating(st.get_tensor(theirs), f"{name}/{f.name}: {theirs}")
+                in_layer = ours.startswith("layers.")
+                weight = stored.to(dtype) if convert is None or in_layer else convert(stored, dtype)
+                if weight is not stored:
+                    resident.drop(stored)
+                model.load_state_dict({ours: weight}, strict=False, assign=True)
+                owner = ours.rpartition(".")[0]
+                module = model.get_submodule(owner)
+                if (prepare is not None and in_layer and owner not in prepared
+                        and not any(p.is_meta for p in module.parameters(recurse=False))):
+                    prepare(module)
+                    prepared.add(owner)
     for module in model.modules():  # the KV caches and DeltaNet states: zeros, allocated once, in dtype
         for key, buf in module._buffers.items():
             if buf is not None and buf.is_meta and only is None:
@@ -263,14 +275,14 @@ def _fill(model: nn.Module, ckpt: Path, name: str, rename: Callable[[dict], dict
 def load_target(target_dir: Path, layer_ids: list[int], max_seq_len: int, ops: str = "torch",
                 dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None, *,
                 only: tuple[str, ...] | None = None, max_call: int | None = None, verify_call: int | None = None,
-                ring: bool = False) -> Target:
-    """The target in `dtype`, with weights from its safetensors (sharded or not); `only` as in `_fill`
+                ring: bool = False, convert: Callable[[torch.Tensor, torch.dtype], torch.Tensor] | None = None) -> Target:
+    """The target in `dtype`, with weights from its safetensors (sharded or not); `only` and `convert` as in `_fill`
     (exporting the draft needs just the target's embedding and head); `max_call`, `verify_call`, `ring`
     as in build_target."""
     model = build_target(load_config(target_dir), layer_ids, max_seq_len, ops, empty=True, max_call=max_call,
                          verify_call=verify_call, ring=ring)
     optional = ("lm_head.weight",) if model.args.tie_word_embeddings else ()
-    _fill(model, target_dir, f"target {target_dir}", target_state_dict, dtype, optional, prepare, only)
+    _fill(model, target_dir, f"target {target_dir}", target_state_dict, dtype, optional, prepare, only, convert)
     model.tie_weights()
     return model.eval()
 

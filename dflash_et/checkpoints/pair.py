@@ -17,14 +17,16 @@ from dflash_et.models.target import Target
 def load_pair(target_dir: Path, draft_dir: Path, max_seq_len: int, ops: str = "torch",
               dtype: torch.dtype = torch.float32, prepare: Callable[[nn.Module], None] | None = None, *,
               target_only: tuple[str, ...] | None = None, max_call: int | None = None, verify_call: int | None = None,
-              ring: bool = False, max_block: int | None = None) -> tuple[Target, Draft, zlab.DraftSettings]:
+              ring: bool = False, max_block: int | None = None,
+              convert: Callable[[torch.Tensor, torch.dtype], torch.Tensor] | None = None
+              ) -> tuple[Target, Draft, zlab.DraftSettings]:
     """Both models of a checked pair, the target tapping the layers the draft reads; `ops` is the op set
     (`torch` to run eagerly, the backend's to export), `dtype` the weights', and `prepare`, `target_only`
-    (load.load_target's `only`), `max_call`, `verify_call` and `ring` as in load.load_target; `ring` and
+    (load.load_target's `only`), `max_call`, `verify_call`, `ring` and `convert` as in load.load_target; `ring` and
     `max_block` (the draft's longest block) size a windowed draft's ring buffers (load.build_draft)."""
     check_target(target_dir)
     check_pair(target_dir, draft_dir)
     settings = zlab.draft_settings(load_config(draft_dir))
     target = load_target(target_dir, settings.target_layer_ids, max_seq_len, ops, dtype, prepare, only=target_only,
-                         max_call=max_call, verify_call=verify_call, ring=ring)
+                         max_call=max_call, verify_call=verify_call, ring=ring, convert=convert)
     return target, load_draft(draft_dir, target, ops, dtype, prepare, max_block, ring), settings

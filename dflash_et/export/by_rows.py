@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import torch
 
+from dflash_et.resident import drop
+
 ROW_BLOCK = 1 << 26  # bytes of a weight's rows in fp32 quantized at once
 
 
@@ -29,6 +31,8 @@ def quantize_affine(linear: torch.nn.Linear, recipe) -> None:
         block = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
         block.weight = torch.nn.Parameter(rows, requires_grad=False)
         quantize_(block, recipe)
+        if step < len(weight):  # a weight of one block: its pages go with the layer's (frugal.Spiller.kept)
+            drop(rows)
         names, attributes = block.weight.__tensor_flatten__()
         for name in names:
             part = getattr(block.weight, name)
@@ -51,7 +55,10 @@ def _hqq(hp_tensor: torch.Tensor, block_size: list[int], qmin: int, qmax: int, *
     qabs = max(abs(qmin), abs(qmax)) or 1
 
     def grouped(rows: slice) -> torch.Tensor:
-        return hp_tensor[rows].to(torch.float32).contiguous().view(-1, k // group, group)
+        out = hp_tensor[rows].to(torch.float32).contiguous().view(-1, k // group, group)
+        if step < n:
+            drop(hp_tensor[rows])
+        return out
 
     scale = torch.cat([(grouped(rows).abs().amax(dim=2) / qabs).clamp_min(eps) for rows in blocks])
     previous = scale.clone()

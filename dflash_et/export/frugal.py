@@ -15,7 +15,6 @@ counts in VmHWM); under `spilling`, the delegates' constants (XNNPACK's packed b
 ranges too.
 """
 
-import bisect
 import builtins
 import ctypes
 import hashlib
@@ -23,16 +22,17 @@ import mmap
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from executorch.exir._serialize._cord import FileBackedData
 
+from dflash_et.resident import Mappings, drop
+
 CHUNK = 1 << 24
 ALIGN = 64  # of each tensor kept in the spool: any dtype's view of it is aligned
-MADV_DONTNEED = 4  # Linux's: a file mapping's pages leave the resident set (the file keeps the data)
 
 
 class FileRange(FileBackedData):
@@ -92,7 +92,7 @@ class Spiller:
         self.spool = spool
         self.fd = os.open(spool, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.end = 0
-        self.maps: tuple[list[int], list[tuple[int, int, int, str]]] | None = None
+        self.maps: Mappings | None = None  # read when needed: the weights' mappings change only while loading
         self.spooled: dict[bytes, FileRange] = {}  # by sha256: XNNPACK asks for each constant's bytes twice
         self.mappings: list[tuple[mmap.mmap, int, int]] = []  # of the spool (by `kept`), their addresses and sizes
 
@@ -100,24 +100,10 @@ class Spiller:
         os.close(self.fd)
 
     def _mapped(self, address: int, size: int) -> tuple[str, int] | None:
-        """The file and offset `address`..+size is mapped from, by /proc/self/maps (None: anonymous memory)."""
-        if self.maps is None:  # read once: the mappings of the weights do not change while emitting
-            regions = []
-            for line in Path("/proc/self/maps").read_text().splitlines():
-                fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].startswith("/") and not fields[5].endswith("(deleted)"):
-                    start, end = (int(x, 16) for x in fields[0].split("-"))
-                    regions.append((start, end, int(fields[2], 16), fields[5]))
-            regions.sort()
-            self.maps = ([r[0] for r in regions], regions)
-        starts, regions = self.maps
-        i = bisect.bisect_right(starts, address) - 1
-        if i < 0:
-            return None
-        start, end, offset, path = regions[i]
-        if address + size > end or not os.path.isfile(path):
-            return None
-        return path, offset + address - start
+        """The file and offset `address`..+size is mapped from (None: anonymous memory)."""
+        if self.maps is None:
+            self.maps = Mappings()
+        return self.maps.file_of(address, size)
 
     def range_of(self, array: ctypes.Array) -> FileRange:
         """A constant's bytes as a file range: where it is mapped from, or written to the spool (once)."""
@@ -147,8 +133,8 @@ class Spiller:
         self.maps = None  # loading mapped and unmapped checkpoint shards since
         before = _tensors(module)
         yield
-        self._keep([t for t in _tensors(module) if t.is_contiguous() and t.nbytes >= ALIGN
-                    and self._mapped(t.data_ptr(), t.nbytes) is None])
+        self._keep([t for t in _tensors(module) if not t.is_meta and t.is_contiguous() and t.nbytes >= ALIGN
+                    and self._mapped(t.data_ptr(), t.nbytes) is None])  # meta: a weight not loaded yet
         self.release(before)
 
     def _keep(self, tensors: list[torch.Tensor]) -> None:
@@ -159,13 +145,38 @@ class Spiller:
         start = -(-self.end // mmap.PAGESIZE) * mmap.PAGESIZE
         offsets = [self._write(memoryview(t.reshape(-1).view(torch.uint8).numpy()), ALIGN if i else mmap.PAGESIZE)
                    for i, t in enumerate(tensors)]
+        mapped = self._map(start)
+        for t, offset in zip(tensors, offsets):
+            t.data = mapped(t.dtype, t.shape, offset)
+
+    def converted(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`tensor` in `dtype`, converted into the spool (`by_blocks`): a big weight the program keeps unquantized,
+        converted (8da4w's fp32 embedding from a bf16 checkpoint), never exists whole in memory."""
+        if tensor.dtype == dtype or tensor.dim() == 0 or not tensor.numel():
+            return tensor.to(dtype)
+        return self.by_blocks(tensor, lambda rows: rows.to(dtype))
+
+    def by_blocks(self, tensor: torch.Tensor, rowwise: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """`rowwise(tensor)` for a function of each row alone, made a block of rows at a time into the spool and
+        mapped back read-only, the pages of `tensor` (a file's mapping) dropped after each block."""
+        start = -(-self.end // mmap.PAGESIZE) * mmap.PAGESIZE
+        step = max(1, CHUNK // max(1, tensor[0].nbytes))
+        maps, shape = Mappings(), None
+        for at in range(0, len(tensor), step):
+            rows = tensor[at:at + step]
+            block = rowwise(rows).contiguous()
+            shape = shape or (len(tensor), *block.shape[1:])
+            self._write(memoryview(block.reshape(-1).view(torch.uint8).numpy()), mmap.PAGESIZE if at == 0 else 1)
+            drop(rows, maps)
+        return self._map(start)(block.dtype, torch.Size(shape), start)
+
+    def _map(self, start: int):
+        """The spool from `start` (page-aligned) to its end mapped read-only; returns a function making a tensor of
+        (dtype, shape, spool offset) there."""
         mapping = mmap.mmap(self.fd, self.end - start, offset=start, access=mmap.ACCESS_READ)
-        with warnings.catch_warnings():  # read-only on purpose: a write to a weight would be a bug, and crashes
-            warnings.simplefilter("ignore")
-            self.mappings.append((mapping, torch.frombuffer(mapping, dtype=torch.uint8).data_ptr(), len(mapping)))
-            for t, offset in zip(tensors, offsets):
-                t.data = torch.frombuffer(mapping, dtype=t.dtype, count=t.numel(), offset=offset - start).view(t.shape)
+        self.mappings.append((mapping, _read_only(mapping, torch.uint8, len(mapping), 0).data_ptr(), len(mapping)))
         self.maps = None  # a new mapping
+        return lambda dtype, shape, offset: _read_only(mapping, dtype, shape.numel(), offset - start).view(shape)
 
     def holds(self, storage: torch.UntypedStorage) -> bool:
         """Whether a storage is (in) one of the spool's read-only mappings."""
@@ -175,11 +186,16 @@ class Spiller:
         """Drop the resident pages of the spool's mappings and of the file-mapped `tensors`: what reading them
         made resident, which the file gives back when read again."""
         for mapping, _, _ in self.mappings:
-            mapping.madvise(MADV_DONTNEED)
+            mapping.madvise(mmap.MADV_DONTNEED)
+        maps = Mappings()
         for t in tensors:
-            if t.nbytes and self._mapped(t.data_ptr(), t.nbytes) is not None:
-                start, end = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE, t.data_ptr() + t.nbytes
-                ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+            drop(t, maps)
+
+
+def _read_only(mapping: mmap.mmap, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
+    with warnings.catch_warnings():  # read-only on purpose: a write to a weight would be a bug, and crashes
+        warnings.simplefilter("ignore")
+        return torch.frombuffer(mapping, dtype=dtype, count=count, offset=offset)
 
 
 def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -222,6 +238,13 @@ def spilling(directory: Path | None = None):
     def sha256(data=b""):
         return _Digest(data.sha256()) if isinstance(data, FileBackedData) else hashlib.sha256(data)
 
+    # XNNPACK packs int4 values two to a byte with whole-size temporaries (3x the int8-held weight): by blocks
+    plain_qc4w = node_visitor.NodeVisitor.convert_to_qc4w
+
+    def qc4w(tensor: torch.Tensor) -> torch.Tensor:
+        return spiller.by_blocks(tensor, plain_qc4w) if tensor.dim() == 2 and tensor.nbytes > CHUNK else \
+            plain_qc4w(tensor)
+
     # lowering deep-copies programs, their weights too: those in the spool are read-only, so copies share them
     copying = {cls: cls.__deepcopy__ for cls in (torch.UntypedStorage, torch.nn.Parameter)}
 
@@ -235,6 +258,7 @@ def spilling(directory: Path | None = None):
     for module in (_emitter, node_visitor):
         module.bytes, module.hashlib = to_bytes, shim
     _named_data_store._tensor_to_bytes = tensor_to_bytes
+    node_visitor.NodeVisitor.convert_to_qc4w = staticmethod(qc4w)
     for cls in copying:
         cls.__deepcopy__ = deepcopy
     try:
@@ -244,6 +268,7 @@ def spilling(directory: Path | None = None):
             del module.bytes
             module.hashlib = hashlib
         _named_data_store._tensor_to_bytes = plain_tensor_to_bytes
+        node_visitor.NodeVisitor.convert_to_qc4w = staticmethod(plain_qc4w)
         for cls, plain in copying.items():
             cls.__deepcopy__ = plain
         spiller.close()

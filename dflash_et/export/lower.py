@@ -208,11 +208,14 @@ def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq
                 **load) -> tuple[Target, Draft, DraftSettings]:
     """The target and the draft as programs of `config` hold them: weights read in its dtype and quantized by its
     recipe (`quantize`), each decoder layer as it loads, then the rest of the models named in `quantized` (the
-    program's own); with a `spiller` (export), the weights each step makes go to its spool (frugal.Spiller.kept).
+    program's own); with a `spiller` (export), the weights each step makes go to its spool (frugal.Spiller.kept),
+    and those outside the decoder layers are converted into it (frugal.Spiller.converted).
     `ops` is the op set: the backend's to export, `torch` for the eager twin validate compares the programs
     with; `load` as checkpoints.pair.load_pair takes it."""
     prepare = partial(_prepare, config=config, spiller=spiller)
-    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype], prepare, **load)
+    convert = None if spiller is None else spiller.converted
+    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype], prepare,
+                                        convert=convert, **load)
     for name, model in (("target", target), ("draft", draft)):
         if name in quantized:
             prepare(model)  # what is not in a decoder layer: the head, the embedding, the draft's fc

@@ -192,10 +192,10 @@ LLAMA_TEMPLATE = ("{%- for m in messages %}<|start_header_id|>{{ m['role'] }}<|e
 QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def chat_checkpoint(path: Path, family: str) -> Path:
+def chat_checkpoint(path: Path, family: str, **overrides) -> Path:
     """A local checkpoint laid out as the real ones are, whose tokenizer has no mask token (as no real Qwen3,
     Llama or Gemma tokenizer has): Qwen3's has fewer tokens than embedding rows, Llama 3's fills every row
-    and reserves special tokens."""
+    and reserves special tokens. `overrides` go to its config (random_checkpoint)."""
     from dflash_et.checkpoints import builtin
 
     if family == "qwen3":
@@ -205,7 +205,7 @@ def chat_checkpoint(path: Path, family: str) -> Path:
         tok = builtin.build_tokenizer(LLAMA_SPECIALS, "<|eot_id|>", "<|end_of_text|>", LLAMA_TEMPLATE, vocab_size=600)
         vocab, eos = len(tok), ["<|eot_id|>", "<|end_of_text|>"]
     eos_ids = [tok.convert_tokens_to_ids(t) for t in eos]
-    random_checkpoint(path, family, vocab_size=vocab, eos_token_id=eos_ids, bos_token_id=eos_ids[1])
+    random_checkpoint(path, family, vocab_size=vocab, eos_token_id=eos_ids, bos_token_id=eos_ids[1], **overrides)
     tok.save_pretrained(path)
     return path
 

@@ -122,7 +122,8 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     from dflash_et.export import by_rows, frugal, lower
     from tests.conftest import chat_checkpoint, random_draft
 
-    target = chat_checkpoint(tmp_path / "target", "gemma4_text")
+    target = chat_checkpoint(tmp_path / "target", "gemma4_text", num_hidden_layers=2,
+                             layer_types=["sliding_attention", "full_attention"])
     weights = target / "model.safetensors"
     save_file({k: v.to(stored) for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     draft = random_draft(tmp_path / "draft", target, num_layers=1)

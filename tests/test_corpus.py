@@ -44,7 +44,8 @@ def _words(prompt) -> int:
 def test_long_rows_put_a_document_before_their_share_of_prompts_rising_to_the_room():
     rows = [{"category": "c", "prompt": f"question {i}?"} for i in range(8)]
     texts = [f"text {i} " + "word " * 9 for i in range(40)]
-    out = long_rows(rows, 0.25, texts, 200, _words)
+    out, again = long_rows([rows, rows[:4]], 0.25, texts, 200, _words)
+    assert again[3] != rows[3] and again[3] != out[3] and again[:3] == rows[:3]  # each list its share; not the same
     changed = [i for i, (a, b) in enumerate(zip(rows, out)) if a != b]
     assert changed == [3, 7]  # a quarter, spread out
     lengths = [_words(out[i]["prompt"]) for i in changed]

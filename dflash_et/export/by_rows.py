@@ -20,6 +20,13 @@ def _step(weight: torch.Tensor) -> int:
     return max(1, ROW_BLOCK // (weight.shape[1] * 4))
 
 
+def _read(weight: torch.Tensor, rows: torch.Tensor) -> None:
+    """After a block `rows` of `weight` is read: its pages dropped (a file's mapping) where the weight has more
+    than one block; a weight of one block's go with its layer's (frugal.Spiller.kept)."""
+    if len(rows) < len(weight):
+        drop(rows)
+
+
 @torch.no_grad()  # a weight that requires grad would keep every block's temporaries in its graph
 def quantize_affine(linear: torch.nn.Linear, recipe) -> None:
     """torchao's `quantize_(linear, recipe)` for a recipe whose groups lie within rows, a block of rows at a time."""
@@ -31,8 +38,7 @@ def quantize_affine(linear: torch.nn.Linear, recipe) -> None:
         block = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
         block.weight = torch.nn.Parameter(rows, requires_grad=False)
         quantize_(block, recipe)
-        if step < len(weight):  # a weight of one block: its pages go with the layer's (frugal.Spiller.kept)
-            drop(rows)
+        _read(weight, rows)
         names, attributes = block.weight.__tensor_flatten__()
         for name in names:
             part = getattr(block.weight, name)
@@ -56,8 +62,7 @@ def _hqq(hp_tensor: torch.Tensor, block_size: list[int], qmin: int, qmax: int, *
 
     def grouped(rows: slice) -> torch.Tensor:
         out = hp_tensor[rows].to(torch.float32).contiguous().view(-1, k // group, group)
-        if step < n:
-            drop(hp_tensor[rows])
+        _read(hp_tensor, hp_tensor[rows])
         return out
 
     scale = torch.cat([(grouped(rows).abs().amax(dim=2) / qabs).clamp_min(eps) for rows in blocks])

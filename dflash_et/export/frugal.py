@@ -187,9 +187,10 @@ class Spiller:
         made resident, which the file gives back when read again."""
         for mapping, _, _ in self.mappings:
             mapping.madvise(mmap.MADV_DONTNEED)
-        maps = Mappings()
-        for t in tensors:
-            drop(t, maps)
+        if tensors:
+            maps = Mappings()
+            for t in tensors:
+                drop(t, maps)
 
 
 def _read_only(mapping: mmap.mmap, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:

@@ -243,17 +243,21 @@ def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
     return rows[:config.heldout], rows[config.heldout:]
 
 
-def long_rows(rows: list[dict], share: float, texts: list[str], room: int, count) -> list[dict]:
-    """`rows`, `share` of them (evenly spread) asked after a document of `texts` as the bench's `long` prompts are
-    (prompts.with_documents), their lengths in tokens (`count`) rising evenly to `room`, each document starting at
-    another text. A draft trained on short prompts alone stops accepting after a long one, even one the target
-    answers as it would a short one (docs/measurements.md#long-context)."""
-    picked = [i for i in range(len(rows)) if int((i + 1) * share) > int(i * share)]
-    lengths = [room * (j + 1) // len(picked) for j in range(len(picked))]
-    asked = with_documents([rows[i]["prompt"] for i in picked], texts, lengths, count, rotate=True)
-    out = list(rows)
-    for i, prompt in zip(picked, asked):
-        out[i] = {**rows[i], "prompt": prompt}
+def long_rows(row_sets: list[list[dict]], share: float, texts: list[str], room: int, count) -> list[list[dict]]:
+    """Each list of `row_sets`, `share` of its rows (evenly spread) asked after a document of `texts` as the bench's
+    `long` prompts are (prompts.with_documents, one call for all the lists: each text counted once), their
+    lengths in tokens (`count`) rising evenly to `room` in each list, each document starting at another text. A
+    draft trained on short prompts alone stops accepting after a long one, even one the target answers as it
+    would a short one (docs/measurements.md#long-context)."""
+    picks = [[i for i in range(len(rows)) if int((i + 1) * share) > int(i * share)] for rows in row_sets]
+    lengths = [room * (j + 1) // len(picked) for picked in picks for j in range(len(picked))]
+    asked = iter(with_documents([rows[i]["prompt"] for rows, picked in zip(row_sets, picks) for i in picked],
+                                texts, lengths, count, rotate=True))
+    out = []
+    for rows, picked in zip(row_sets, picks):
+        out.append(list(rows))
+        for i in picked:
+            out[-1][i] = {**rows[i], "prompt": next(asked)}
     return out
 
 
@@ -268,8 +272,8 @@ def with_long_rows(config: TrainConfig, heldout: list[dict], train: list[dict], 
     room = config.max_seq_len - config.max_new_tokens
     texts = (document_texts(config.prompts, room) if config.prompts in PROMPT_SETS
              else [text_of(r["prompt"]) for r in train])
-    return (long_rows(heldout, config.long_prompts, texts, room, count),
-            long_rows(train, config.long_prompts, texts, room, count))
+    heldout, train = long_rows([heldout, train], config.long_prompts, texts, room, count)
+    return heldout, train
 
 
 def _fitting(prompts: list[list[int]], config: TrainConfig, name: str, log) -> list[list[int]]:

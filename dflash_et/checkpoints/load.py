@@ -191,7 +191,7 @@ def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: 
     rope = rope_tables(draft_config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
         return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, ops,
-                     max_block, ring)
+                     max_block, ring, settings.conv, settings.selector)
 
 
 MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's and Qwen3.5's wrappers: the text model (vision ignored)
@@ -295,5 +295,5 @@ def load_draft(draft_dir: Path, target: Target, ops: str = "torch", dtype: torch
     model = build_draft(load_config(draft_dir), target.args, target.max_seq_len, ops, empty=True, max_block=max_block,
                         ring=ring)
     zlab.borrow(model, target)
-    _fill(model, draft_dir, f"draft {draft_dir}", dict, dtype, zlab.BORROWED, prepare)
+    _fill(model, draft_dir, f"draft {draft_dir}", zlab.draft_weight_names, dtype, zlab.BORROWED, prepare)
     return model.eval()

@@ -39,6 +39,24 @@ class DraftSettings:
     # Every layer attends to at most this many positions back (the block's own rows always): z-lab's newer
     # drafts' `sliding_window_size`, llama.cpp's `use_swa` + `swa_window_size`. Causality stays as set above.
     context_window: int | None = None
+    # DFlash2 (z-lab's DFlash2DraftModel, models.dflash2): (conv_kernel_size, conv_group_size) of every layer's
+    # causal convolutions and (selector_rank, selector_top_k) of the candidate selector; None in a DFlash draft.
+    conv: tuple[int, int] | None = None
+    selector: tuple[int, int] | None = None
+
+    @property
+    def variant(self) -> str:
+        return "dflash2" if self.selector is not None else "dflash"
+
+
+# z-lab's DFlash2 checkpoints store the selector's codebooks as bare tensors (its from_pretrained maps them)
+CODEBOOKS = {f"candidate_selector.{n}_codebook": f"candidate_selector.{n}_codebook.weight"
+             for n in ("predecessor", "successor")}
+
+
+def draft_weight_names(weights: dict) -> dict:
+    """z-lab's weight names (keys of `weights`) to the draft module's."""
+    return {CODEBOOKS.get(k, k): v for k, v in weights.items()}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -68,7 +86,22 @@ def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
                          input_embedding_scale=float(setting("input_embedding_scale", 1.0)),
                          logit_scale=float(setting("output_multiplier", 1.0)),
                          logit_softcap=float(softcap) if softcap and softcap > 0 else None,
-                         causal=setting("is_causal", causal), context_window=_context_window(dflash, setting))
+                         causal=setting("is_causal", causal), context_window=_context_window(dflash, setting),
+                         **_dflash2(setting))
+
+
+def _dflash2(setting) -> dict:
+    """A DFlash2 draft's conv and selector settings; a config with some of the four keys and not all is refused."""
+    keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    values = {k: setting(k) for k in keys}
+    given = [k for k, v in values.items() if v is not None]
+    if not given:
+        return {}
+    if len(given) < len(keys) or not all(isinstance(v, int) and v > 0 for v in values.values()):
+        raise CheckpointError(f"draft config: a DFlash2 draft needs {', '.join(keys)} as positive integers, got "
+                              f"{values}; fix the draft's config.json")
+    return {"conv": (values["conv_kernel_size"], values["conv_group_size"]),
+            "selector": (values["selector_rank"], values["selector_top_k"])}
 
 
 def _context_window(dflash: dict, setting) -> int | None:
@@ -169,6 +202,17 @@ def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
             p + "input_layernorm.weight": torch.ones(hidden),
             p + "post_attention_layernorm.weight": torch.ones(hidden),
         }
+    settings = _dflash2(lambda key: config["dflash_config"].get(key, config.get(key)))
+    if settings:  # DFlash2: convolutions that start as the identity (a DFlash draft's layers), a small selector
+        (kernel, group), (rank, _) = settings["conv"], settings["selector"]
+        identity = torch.zeros(2, kernel, hidden)
+        identity[:, 0] = 1
+        for i in range(config["num_hidden_layers"]):
+            for conv in ("attention_conv", "mlp_conv"):
+                weights |= {f"layers.{i}.{conv}.base_kernel": identity.clone(),
+                            f"layers.{i}.{conv}.kernel_projection.weight": normal(2 * kernel * (hidden // group), hidden)}
+        weights |= {theirs: normal(config["vocab_size"], rank) for theirs in CODEBOOKS}
+        weights["candidate_selector.hidden_projection.weight"] = normal(rank, hidden)
     return weights
 
 
@@ -176,7 +220,8 @@ def save_draft(out: Path, config: dict, weights: dict[str, torch.Tensor]) -> Non
     """config.json + model.safetensors in z-lab's layout (the borrowed embedding and head left out)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    kept = {k: v.detach().contiguous() for k, v in weights.items() if k not in BORROWED}
+    stored = {ours: theirs for theirs, ours in CODEBOOKS.items()}
+    kept = {stored.get(k, k): v.detach().contiguous() for k, v in weights.items() if k not in BORROWED}
     save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
 
 

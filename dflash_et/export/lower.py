@@ -410,6 +410,9 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
                           "portable only; set export.backend=xnnpack")
     own = tuple(k for k in ("target", "draft") if kind in (k, "single"))
+    if "draft" in own and settings.variant != "dflash":
+        raise ExportError(f"{draft_dir} is a DFlash2 draft (convolutions and a candidate selector): its program "
+                          "cannot be exported yet (issue #30); export a DFlash draft, or run it eagerly")
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
     # weights and constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was

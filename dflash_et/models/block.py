@@ -7,6 +7,7 @@ from torch import nn
 
 from dflash_et.models.attention import CACHE_OF_OPS, Attention, AttentionSpec, ring_rows
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
+from dflash_et.models.dflash2 import GroupedCausalConv
 from dflash_et.models.layers import MLP, RMSNorm
 
 
@@ -72,11 +73,17 @@ class Block(nn.Module):
     """A pre-norm decoder layer. With `ctx` (a draft layer), K/V also cover the un-normed context rows.
     `ops`: the op set (see attention). `max_call`: the longest call (None: any), which sizes DeltaNet's
     buffers and, with `ring`, sliding layers' ring buffers (see attention). `verify_call`: the longest call
-    that may be kept in part, whose rows DeltaNet layers keep to replay (see deltanet; None: any call)."""
+    that may be kept in part, whose rows DeltaNet layers keep to replay (see deltanet; None: any call).
+    `conv` (kernel size, group size): a DFlash2 draft layer's causal convolutions over the block around attention
+    and around the MLP (models.dflash2)."""
 
     def __init__(self, a: ModelArgs, spec: AttentionSpec | DeltaNetSpec, max_seq_len: int, ops: str,
-                 max_call: int | None = None, verify_call: int | None = None, ring: bool = False):
+                 max_call: int | None = None, verify_call: int | None = None, ring: bool = False,
+                 conv: tuple[int, int] | None = None):
         super().__init__()
+        if conv is not None:
+            self.attention_conv = GroupedCausalConv(a.hidden_size, *conv)
+            self.mlp_conv = GroupedCausalConv(a.hidden_size, *conv)
         self.sandwich = a.sandwich_norms
         if isinstance(spec, DeltaNetSpec):
             self.linear_attn = GatedDeltaNet(a.hidden_size, spec, a.rms_norm_eps, max_call or max_seq_len,
@@ -96,18 +103,29 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
                 positions: torch.Tensor, ctx: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        rows_see = None if mask is None or ctx is None else mask[:, ctx.shape[1]:]  # a training draft's blocks
         h = self.input_layernorm(x)
+        if hasattr(self, "attention_conv"):
+            h, kernel = self.attention_conv.prepare(h, rows_see)
         if hasattr(self, "linear_attn"):
             attn = self.linear_attn(h, positions)
         else:
             kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)
             attn = self.self_attn(h, kv_in, rope, start, positions, mask)
+        if hasattr(self, "attention_conv"):
+            attn = self.attention_conv.finish(attn, kernel, rows_see)
         if not self.sandwich:
             x = x + attn
-            return x + self.mlp(self.post_attention_layernorm(x))
+            return x + self._mlp(self.post_attention_layernorm(x), rows_see)
         x = x + self.post_attention_layernorm(attn)
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self.post_feedforward_layernorm(self._mlp(self.pre_feedforward_layernorm(x), rows_see))
         return x * self.layer_scalar if hasattr(self, "layer_scalar") else x
+
+    def _mlp(self, h: torch.Tensor, rows_see: torch.Tensor | None) -> torch.Tensor:
+        if not hasattr(self, "mlp_conv"):
+            return self.mlp(h)
+        h, kernel = self.mlp_conv.prepare(h, rows_see)
+        return self.mlp_conv.finish(self.mlp(h), kernel, rows_see)
 
 
 def start_position(input_pos: torch.Tensor, length: int, max_seq_len: int) -> int:

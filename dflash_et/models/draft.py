@@ -13,12 +13,16 @@ Training passes many blocks at once: `block_pos` (each block row's position) and
 [rows, n + rows] (which context and block rows each row may see); the cache is then left alone
 and logits come back for the rows in `logit_rows` (default: every row). The head is most of a
 training step's cost for a real vocabulary, so rows that carry no loss skip it.
+
+A DFlash2 draft (`conv`, `selector`: models.dflash2) convolves each block causally in every layer and, in
+decoding, returns its proposal positions' candidate lattice (candidates, unary, pair) instead of the logits.
 """
 
 import torch
 from torch import nn
 
 from dflash_et.models.block import Block, ModelArgs, Rope, scale_embedding, softcap, start_position
+from dflash_et.models.dflash2 import CandidateSelector
 from dflash_et.models.layers import RMSNorm
 
 
@@ -27,13 +31,13 @@ class Draft(nn.Module):
 
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], num_taps: int,
                  target_hidden: int, logit_scale: float = 1.0, ops: str = "torch", max_block: int | None = None,
-                 ring: bool = False):
+                 ring: bool = False, conv: tuple[int, int] | None = None, selector: tuple[int, int] | None = None):
         """`max_block`: the longest block a call takes; with it, `ring` gives a windowed draft's layers ring
         buffers of window + max_block - 1 rows (models.attention.ring_rows with the block as the longest call):
         the block's queries see the window before them, a call's at most window - 1 taps and block fit without
         wrapping onto themselves, and as long as no call's block starts before the previous call's (decoding
         never does), the rows of the previous block that a shorter one leaves hold positions outside every
-        query's window."""
+        query's window. `conv` (kernel, group size) and `selector` (rank, top-k): DFlash2's parts."""
         super().__init__()
         self.rope = Rope(rope)
         self.args, self.max_seq_len, self.logit_scale = a, self.rope.max_seq_len, logit_scale
@@ -42,8 +46,10 @@ class Draft(nn.Module):
         self.fc = nn.Linear(num_taps * target_hidden, a.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_block if self.context_window else None,
-                                          ring=ring) for spec in a.layers)
+                                          ring=ring, conv=conv) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        if selector is not None:
+            self.candidate_selector = CandidateSelector(a.hidden_size, a.vocab_size, *selector)
 
     @property
     def context_window(self) -> int | None:
@@ -53,7 +59,7 @@ class Draft(nn.Module):
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
                 block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None,
-                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+                logit_rows: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
         n, b = hidden.shape[1], tokens.shape[1]
         if block_mask is None:
             start = start_position(input_pos, n + b, self.max_seq_len)
@@ -70,7 +76,11 @@ class Draft(nn.Module):
             x = x[:, 1:b]  # the anchor's row predicts nothing; explicit end, as in Attention
         elif logit_rows is not None:
             x = x[:, logit_rows]
-        logits = self.lm_head(self.norm(x))
+        x = self.norm(x)
+        logits = self.lm_head(x)
         if self.logit_scale != 1.0:  # a full-vocabulary multiply (and its gradient) saved when it is none
             logits = logits * self.logit_scale
-        return softcap(logits, self.args.logit_softcap)
+        logits = softcap(logits, self.args.logit_softcap)
+        if block_mask is None and hasattr(self, "candidate_selector"):
+            return self.candidate_selector(x, logits, tokens[0, :1])
+        return logits

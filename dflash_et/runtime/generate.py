@@ -5,11 +5,13 @@ drives the eager PyTorch modules (the reference) and the ExecuTorch programs (th
 
     target(tokens [1,T], input_pos [T]) -> (logits [1,T,V], taps [1,T,k*H])
     draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]   (.context_window: int | None)
+                                      or a DFlash2 draft's (candidates, unary, pair) (sampling.Lattice)
 
 A DFlash round: the draft proposes B-1 tokens after `last`; the target verifies
 `[last] + proposals` in one call; the sampler accepts a prefix of the proposals (greedy: the
 longest that matches the target's own argmax; sampled: the speculative-sampling rule, see
-`sampling.py`) and adds the target's next token. Rejected positions need no undo: the next
+`sampling.py`) and adds the target's next token. A DFlash2 draft's proposals are its path through its
+candidate lattice (greedy, or drawn for sampled proposals: `Sampler.walk`). Rejected positions need no undo: the next
 target call simply writes its K/V over them. The draft is fed only the taps
 of tokens it has not seen yet, so its context cache grows across rounds. A draft with a
 `context_window` (every layer windowed; the exported ones take no more) is not fed taps
@@ -22,10 +24,10 @@ from typing import Callable, Protocol
 
 import torch
 
-from dflash_et.runtime.sampling import Sampler
+from dflash_et.runtime.sampling import Lattice, Sampler
 
 TargetFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
 OnTokens = Callable[[list[int]], None] | None  # called with each batch of newly emitted tokens (streaming)
 
 
@@ -159,7 +161,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     sampler = sampler or Sampler()
     t0 = time.perf_counter()
     logits, taps = prefill(target, prompt, prefill_chunk)
-    out = Generation([sampler.next_token(logits)], time.perf_counter() - t0)
+    out, vocab_size = Generation([sampler.next_token(logits)], time.perf_counter() - t0), logits.shape[-1]
     on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
@@ -178,10 +180,17 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
             hidden, unseen_start = hidden[:, skip:], unseen_start + skip
             block, context = torch.tensor([[last] + [mask_token_id] * (b - 1)]), _positions(unseen_start, hidden.shape[1])
             t1 = time.perf_counter()
-            draft_logits = draft(block, hidden, context)[0]
+            drafted = draft(block, hidden, context)
             draft_s = time.perf_counter() - t1
-            k = planner.verify_count(draft_logits, pos) if planner else b - 1
-            proposals, q = sampler.propose(draft_logits[:k]) if k else ([], None)
+            if isinstance(drafted, tuple):  # DFlash2: the path is walked whole, its scores are its confidence
+                path, q_path, scores = sampler.walk(Lattice(*drafted), vocab_size)
+            else:
+                scores = drafted[0]
+            k = planner.verify_count(scores, pos) if planner else b - 1
+            if isinstance(drafted, tuple):
+                proposals, q = path[:k], None if q_path is None else q_path[:k]
+            else:
+                proposals, q = sampler.propose(scores[:k]) if k else ([], None)
             unseen, unseen_start = [], pos
         tokens, positions = torch.tensor([[last] + proposals]), _positions(pos, len(proposals) + 1)
         t1 = time.perf_counter()

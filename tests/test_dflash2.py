@@ -1,0 +1,226 @@
+"""DFlash2 drafts (models.dflash2) against z-lab's DFlash2DraftModel (`dflash` 0.1.0): the lattice, the
+greedy path and the sampled path's distributions, round after round of the cached draft."""
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+
+from dflash_et.checkpoints.load import load_config, load_draft, load_target
+from dflash_et.checkpoints.zlab import draft_settings
+from dflash_et.errors import CheckpointError
+from dflash_et.models.dflash2 import convolve
+from dflash_et.runtime.sampling import Lattice, walk
+from tests.conftest import random_draft
+from tests.test_generate import models, prompts  # noqa: F401  (fixtures: the built-in random pair, its prompts)
+
+DFLASH2 = dict(conv_kernel_size=4, conv_group_size=8, selector_rank=8, selector_top_k=6)
+
+
+@pytest.fixture(scope="module")
+def dflash2(pair, tmp_path_factory):
+    """The built-in random target, a random DFlash2 draft for it, ours and z-lab's."""
+    from dflash import DFlash2DraftModel
+
+    draft_dir = random_draft(tmp_path_factory.mktemp("dflash2") / "draft", pair[0], **DFLASH2)
+    settings = draft_settings(load_config(draft_dir))
+    target = load_target(pair[0], settings.target_layer_ids, 128)
+    return target, load_draft(draft_dir, target), DFlash2DraftModel.from_pretrained(draft_dir).eval(), settings
+
+
+def rounds(target, draft, zlab, settings, seed=0):
+    """Each round: (our lattice, z-lab's draft hidden of the proposal rows, the block's anchor). Blocks are no
+    shorter than the kernel: z-lab's convolution fails on shorter ones (ours: test_convolution_is_causal...)."""
+    g = torch.Generator().manual_seed(seed)
+    width = len(settings.target_layer_ids) * target.args.hidden_size
+    taps = torch.empty(1, 0, width)
+    for n, b in [(7, 16), (1, 4), (3, 5), (16, 9), (2, 16), (5, 4)]:
+        new = torch.randn(1, n, width, generator=g)
+        start = taps.shape[1]
+        taps = torch.cat([taps, new], dim=1)
+        anchor = int(torch.randint(0, target.args.vocab_size, (1,), generator=g))
+        block = torch.tensor([[anchor] + [settings.mask_token_id] * (b - 1)])
+        with torch.no_grad():
+            ours = Lattice(*draft(block, new, torch.arange(start, start + n)))
+            hidden = zlab(position_ids=torch.arange(taps.shape[1] + b)[None], noise_embedding=target.embed_tokens(block),
+                          target_hidden=taps)[:, 1:]
+        yield ours, hidden, torch.tensor([anchor])
+
+
+def test_dflash2_settings_and_weights_load_as_zlab_writes_them(dflash2):
+    target, draft, zlab, settings = dflash2
+    assert settings.variant == "dflash2" and settings.conv == (4, 8) and settings.selector == (8, 6)
+    ours = draft.state_dict()
+    for name, theirs in zlab.state_dict().items():
+        if name not in ("embed_tokens.weight", "lm_head.weight") and not name.startswith("rotary_emb"):
+            torch.testing.assert_close(ours[name], theirs, rtol=0, atol=0)
+
+
+def test_dflash2_lattice_and_greedy_path_match_zlab(dflash2):
+    target, draft, zlab, settings = dflash2
+    for ours, hidden, anchor in rounds(target, draft, zlab, settings):
+        with torch.no_grad():
+            logits = zlab.compute_logits(hidden, target.lm_head)
+            path, candidates, _ = zlab.propose(hidden, anchor, target.lm_head, 0.0)
+        values, ids = torch.topk(logits[0], settings.selector[1], dim=-1)
+        assert torch.equal(ours.candidates, ids)
+        torch.testing.assert_close(ours.unary, values, rtol=1e-4, atol=1e-4)
+        assert walk(ours)[0] == path[0].tolist()
+
+
+def test_dflash2_sampled_walk_draws_from_zlabs_distributions(dflash2):
+    """z-lab's sampled path, step by step: our scores after the same predecessor give the same distribution over
+    the same candidates (its q rows, for rejection sampling)."""
+    target, draft, zlab, settings = dflash2
+    torch.manual_seed(0)
+    for ours, hidden, anchor in rounds(target, draft, zlab, settings, seed=1):
+        with torch.no_grad():
+            path, candidates, q_rows = zlab.propose(hidden, anchor, target.lm_head, 0.7)
+        chosen = 0
+        for p, token in enumerate(path[0].tolist()):
+            q = torch.softmax((ours.unary[p] + ours.pair[p, chosen]) / 0.7, dim=-1)
+            theirs = dict(zip(candidates[0, p].tolist(), q_rows[0, p].tolist()))
+            assert dict(zip(ours.candidates[p].tolist(), q.tolist())) == pytest.approx(theirs, abs=1e-5)
+            chosen = ours.candidates[p].tolist().index(token)
+
+
+def test_walk_greedy_and_sampled_on_a_known_lattice():
+    lattice = Lattice(torch.tensor([[5, 7], [1, 2], [3, 4]]), torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]),
+                      torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[3.0, 0.0], [0.0, 2.0]], [[0.0, 9.0], [1.0, 0.0]]]))
+    assert walk(lattice)[0] == [7, 2, 3]  # after 7 (index 1): 2 scores 2, then after 2 (index 1): 3 scores 1
+    assert walk(lattice)[1].tolist() == [[0.0, 1.0], [0.0, 2.0], [1.0, 0.0]]  # the scores each choice saw
+    path, scores, q = walk(lattice, 1.0, torch.Generator().manual_seed(0))
+    assert q.shape == (3, 2) and torch.allclose(q.sum(-1), torch.ones(3))
+    torch.testing.assert_close(q, torch.softmax(scores, -1))
+    torch.testing.assert_close(q[0], torch.softmax(torch.tensor([0.0, 1.0]), -1))
+
+
+def test_convolution_is_causal_within_each_block():
+    """A change to a row moves no earlier row of its block and no row of another block (training's packed blocks)."""
+    g = torch.Generator().manual_seed(0)
+    x, dynamic, base = torch.randn(1, 8, 16, generator=g), torch.randn(1, 8, 3, 2, generator=g), torch.randn(3, 16, generator=g)
+    blocks = torch.arange(8) // 4
+    rows_see = blocks[:, None] == blocks[None, :]
+    out = convolve(x, dynamic, base, 8, rows_see)
+    moved = x.clone()
+    moved[0, 2] += 1
+    diff = (convolve(moved, dynamic, base, 8, rows_see) - out).abs().sum(-1)[0]
+    assert diff[:2].max() == 0 and diff[4:].max() == 0 and diff[2:4].min() > 0
+    for rows in (4, 2):  # a block alone, and one shorter than the kernel: the first rows of a longer one
+        torch.testing.assert_close(convolve(x[:, :rows], dynamic[:, :rows], base, 8, None), out[:, :rows])
+
+
+def test_a_dflash2_config_missing_a_key_is_refused(pair, tmp_path):
+    import json
+
+    draft_dir = random_draft(tmp_path / "draft", pair[0])
+    config = json.loads((draft_dir / "config.json").read_text())
+    config["dflash_config"] |= dict(conv_kernel_size=4, conv_group_size=8, selector_rank=8)
+    (draft_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="a DFlash2 draft needs conv_kernel_size, conv_group_size, "
+                                              "selector_rank, selector_top_k as positive integers"):
+        draft_settings(load_config(draft_dir))
+
+
+def toy_lattice(seed: int, target, temperature: float) -> tuple[Lattice, dict]:
+    """A lattice over test_sampling's toy vocabulary (3 of its 5 tokens per position, near the target's greedy
+    path), and the exact law of a sampled walk through it: path -> (probability, q [N, V] after each prefix)."""
+    from tests.test_sampling import N, V
+
+    g = torch.Generator().manual_seed(seed)
+    candidates = torch.stack([torch.randperm(V, generator=g)[:3] for _ in range(N)])
+    unary = torch.stack([target(())[c] for c in candidates]) + torch.randn(N, 3, generator=g)
+    lattice = Lattice(candidates, unary, torch.randn(N, 3, 3, generator=g))
+    law = {}
+    for choice in itertools.product(range(3), repeat=N):
+        prob, q, before = 1.0, torch.zeros(N, V), 0
+        for p, c in enumerate(choice):
+            row = torch.softmax((lattice.unary[p] + lattice.pair[p, before]) / temperature, -1)
+            q[p, candidates[p]] = row
+            prob, before = prob * float(row[c]), c
+        law[tuple(int(candidates[p, c]) for p, c in enumerate(choice))] = (prob, q)
+    return lattice, law
+
+
+@pytest.mark.parametrize("proposals", ["argmax", "sample"])
+def test_dflash2_rounds_have_exactly_the_target_distribution(proposals):
+    """A round from a DFlash2 walk (each position's q depends on the proposal before it), by enumeration, is the
+    target's own distribution; and the Sampler's walk and verify, run 20000 times, follow that enumeration."""
+    from dflash_et.evaluate.same_distribution import chi_square, total_variation
+    from dflash_et.runtime.sampling import Sampler, Sampling, acceptance, distribution, residual
+    from tests.test_sampling import V, max_error_against_target, toy_target
+
+    s = Sampling(0.9, top_k=4, proposals=proposals, seed=1)
+    target = toy_target(3)
+    lattice, law = toy_lattice(3, target, s.temperature)
+    if proposals == "argmax":
+        law = {tuple(walk(lattice)[0]): (1.0, None)}
+    exact = Counter()
+    for xs, (weight, q) in law.items():
+        reach = weight
+        for i, x in enumerate(xs):
+            p = distribution(target(xs[:i]), s)
+            q_i = None if q is None else q[i]
+            a, rejected = acceptance(p, q_i, x), residual(p, q_i, x)
+            for y in range(V):
+                exact[xs[:i] + (y,)] += reach * (1 - a) * float(rejected[y])
+            reach *= a
+        for y in range(V):
+            exact[xs + (y,)] += reach * float(distribution(target(xs), s)[y])
+    assert abs(sum(exact.values()) - 1) < 1e-6 and max_error_against_target(target, exact, s) < 1e-6
+    sampler, seen = Sampler(s), Counter()
+    for _ in range(20000):
+        xs, q, _ = sampler.walk(lattice, V)
+        accepted, following = sampler.verify(xs, q, torch.stack([target(tuple(xs[:i])) for i in range(len(xs) + 1)]))
+        seen[tuple(xs[:accepted]) + (following,)] += 1
+    expected = Counter({k: round(v * 1e6) for k, v in exact.items() if v > 0})
+    _, _, p = chi_square(seen, expected)
+    assert set(seen) <= set(expected) and p > 1e-3 and total_variation(seen, expected) < 0.02
+
+
+class OracleLattice:
+    """test_generate's OracleDraft as a DFlash2 draft: each position's candidates are the oracle's token (mostly
+    the target's continuation) and two others, the pairwise scores small noise: the path follows the oracle."""
+
+    def __init__(self, oracle):
+        self.oracle, self.g = oracle, torch.Generator().manual_seed(5)
+
+    def __call__(self, tokens, hidden, input_pos):
+        want = self.oracle(tokens, hidden, input_pos)[0].argmax(-1)
+        candidates = torch.stack([want, (want + 1) % self.oracle.vocab, (want + 2) % self.oracle.vocab], dim=1)
+        unary = torch.tensor([[1.0, 0.0, 0.0]]).expand(len(want), 3)
+        return candidates, unary, 0.4 * torch.rand(len(want), 3, 3, generator=self.g)
+
+
+@pytest.mark.parametrize("block, p", [(2, 0.0), (5, 0.1), (16, 0.0), (7, 0.5)])
+def test_greedy_dflash2_decoding_is_the_targets_greedy_decoding(models, prompts, block, p):
+    from tests.test_generate import OracleDraft, ar, dflash, encode
+
+    for i, ids in enumerate(encode(prompts)[:3]):
+        ref = ar(models, ids, n=40).tokens
+        out = dflash(models, ids, block, n=40, draft=OracleLattice(OracleDraft(ids + ref, p, seed=i)))
+        assert out.tokens == ref
+        if p == 0.0:
+            assert all(r.accepted == r.verified == block - 1 for r in out.rounds[:-1])
+
+
+def test_a_random_dflash2_draft_decodes_losslessly(dflash2, prompts):
+    from dflash_et.runtime.generate import generate_ar, generate_dflash
+    from tests.test_generate import encode
+
+    target, draft, _, settings = dflash2
+    for ids in encode(prompts)[:3]:
+        ref = generate_ar(target, ids, 24, set(), 128, 16).tokens
+        for block in (2, 4, 16):
+            assert generate_dflash(target, draft, ids, 24, set(), 128, 16, block, settings.mask_token_id).tokens == ref
+
+
+def test_exporting_a_dflash2_draft_is_refused_until_its_program_exists(dflash2, pair, tmp_path):
+    from dflash_et.errors import ExportError
+    from dflash_et.export.lower import ExportConfig, export_program
+
+    draft_dir = random_draft(tmp_path / "draft", pair[0], **DFLASH2)
+    with pytest.raises(ExportError, match="is a DFlash2 draft .* cannot be exported yet"):
+        export_program("draft", pair[0], draft_dir, ExportConfig(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

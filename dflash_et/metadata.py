@@ -96,4 +96,6 @@ class DraftMeta(Metadata):
     uses_llama_custom_ops: bool
     context_window: int | None = None   # every layer windowed: a call takes no tap older than its block's first
                                         # position minus context_window - 1 (fewer than context_window taps)
+    selector_top_k: int | None = None   # a DFlash2 draft: it returns (candidates, unary, pair) with this many
+                                        # candidates per position, not logits (runtime.sampling.Lattice)
 

@@ -133,7 +133,7 @@ def random_checkpoint(path: Path, family: str, shard: bool = False, **overrides)
 
 def random_draft(path: Path, target_dir: Path, num_layers: int = 3, block: int = 8, **dflash) -> Path:
     """A draft in z-lab's layout for `target_dir` (for a Gemma 4 target, z-lab's Gemma 4 layout), mask token
-    4, with random weights and norms."""
+    4, with random weights and norms; `dflash` keys go into its dflash_config (DFlash2's make a DFlash2 draft)."""
     import json
 
     import torch
@@ -142,6 +142,8 @@ def random_draft(path: Path, target_dir: Path, num_layers: int = 3, block: int =
 
     config = zlab.draft_config(json.loads((target_dir / "config.json").read_text()), 4, num_layers, block)
     config["dflash_config"] |= dflash
+    if "selector_top_k" in dflash:
+        config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
     g = torch.Generator().manual_seed(1)
     weights = {k: v * 5 if v.dim() == 2 else torch.empty_like(v).uniform_(0.5, 1.5, generator=g)
                for k, v in zlab.init_draft_weights(config, seed=0).items()}

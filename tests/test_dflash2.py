@@ -85,6 +85,19 @@ def test_dflash2_sampled_walk_draws_from_zlabs_distributions(dflash2):
             chosen = ours.candidates[p].tolist().index(token)
 
 
+def test_a_dflash2_draft_says_so_in_its_architectures(pair, tmp_path):
+    import json
+
+    from dflash_et.checkpoints.check import check_pair
+
+    draft_dir = random_draft(tmp_path / "draft", pair[0], **DFLASH2)
+    check_pair(pair[0], draft_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    (draft_dir / "config.json").write_text(json.dumps(config | {"architectures": ["DFlashDraftModel"]}))
+    with pytest.raises(CheckpointError, match=r"architectures is not \['DFlash2DraftModel'\] \(the config has DFlash2's"):
+        check_pair(pair[0], draft_dir)
+
+
 def test_walk_greedy_and_sampled_on_a_known_lattice():
     lattice = Lattice(torch.tensor([[5, 7], [1, 2], [3, 4]]), torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]),
                       torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[3.0, 0.0], [0.0, 2.0]], [[0.0, 9.0], [1.0, 0.0]]]))
@@ -216,11 +229,58 @@ def test_a_random_dflash2_draft_decodes_losslessly(dflash2, prompts):
             assert generate_dflash(target, draft, ids, 24, set(), 128, 16, block, settings.mask_token_id).tokens == ref
 
 
-def test_exporting_a_dflash2_draft_is_refused_until_its_program_exists(dflash2, pair, tmp_path):
-    from dflash_et.errors import ExportError
+
+@pytest.fixture(scope="module")
+def dflash2_programs(programs, trained_pair, tmp_path_factory):
+    """The trained target's programs with a random DFlash2 draft.pte beside them (fp32 XNNPACK)."""
+    import shutil
+
+    from dflash_et.export.lower import ExportConfig, export_program
+    from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
+
+    out = tmp_path_factory.mktemp("dflash2-programs")
+    shutil.copytree(programs, out / "programs")
+    taps = draft_settings(load_config(trained_pair[1])).target_layer_ids  # the layers target.pte returns
+    draft_dir = random_draft(out / "draft", trained_pair[0], **DFLASH2, target_layer_ids=taps)
+    export_program("draft", trained_pair[0], draft_dir, ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK),
+                   out / "programs")
+    return out / "programs", draft_dir
+
+
+def test_dflash2_draft_program_matches_the_eager_draft_and_decodes_losslessly(dflash2_programs, trained_pair):
+    """draft.pte computes the convolutions and the lattice as the eager draft does (validate's calls, lattice
+    scores and candidates), says it is DFlash2, and DFlash through the programs is plain greedy decoding."""
+    from dflash_et.runtime.engine import Engine
+    from tests.conftest import numerics
+
+    programs_dir, draft_dir = dflash2_programs
+    checked, (_, draft_p), _ = numerics(programs_dir, (trained_pair[0], draft_dir))
+    assert draft_p.meta.selector_top_k == DFLASH2["selector_top_k"]
+    assert checked["worst"]["draft_rel"].value < 1e-4
+    engine = Engine(programs_dir)
+    for prompt in ([5, 9, 14, 3, 22, 7], list(range(3, 40))):
+        reference = engine.ar(prompt, 30).tokens
+        for block in (2, 5, engine.max_block_size):
+            assert engine.dflash(prompt, 30, block).tokens == reference
+
+
+def test_the_cpp_runner_refuses_a_dflash2_draft_in_one_line(dflash2_programs, runner):
+    from dflash_et.errors import UserError
+    from dflash_et.runtime.cpp_runner import CppEngine
+
+    with pytest.raises(UserError, match=r"draft\.pte is a DFlash2 draft .* which this runner does not decode yet; "
+                                        r"use the Python runner \(--runner python\)$"):
+        CppEngine(dflash2_programs[0], runner, threads=1)
+
+
+def test_a_dflash2_draft_lowers_to_mlx_4w_in_one_delegate(pair, tmp_path):
+    """MLX's 4w recipe quantizes Linears and embeddings in groups of 32: the selector's rank-8 codebooks are
+    narrower and stay as they are; the convolutions and the lattice lower with the rest (top-k beside it)."""
     from dflash_et.export.lower import ExportConfig, export_program
 
     draft_dir = random_draft(tmp_path / "draft", pair[0], **DFLASH2)
-    with pytest.raises(ExportError, match="is a DFlash2 draft .* cannot be exported yet"):
-        export_program("draft", pair[0], draft_dir, ExportConfig(), tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+    config = ExportConfig.from_params({"max_seq_len": 64, "prefill_chunk": 16, "backend": "mlx", "dtype": "bf16",
+                                       "quantize": "4w"})
+    summary = export_program("draft", pair[0], draft_dir, config, tmp_path / "out")
+    assert summary["ops"]["delegate_calls"] == 1 and summary["ops"]["portable"] <= 3
+    assert summary["metadata"]["get_selector_top_k"] == DFLASH2["selector_top_k"]

@@ -43,11 +43,14 @@ def check_pair(target_dir: Path, draft_dir: Path, name: str | None = None) -> No
     """A usable draft for this target: z-lab layout, and every dimension it shares with the target agrees."""
     name = f"draft {name or draft_dir}"
     draft, target = _config(draft_dir, name), _config(target_dir, f"target {target_dir}")
-    if "DFlashDraftModel" not in (getattr(draft, "architectures", None) or []):
-        raise CheckpointError(f"{name}: config.json architectures is not ['DFlashDraftModel']")
     settings = zlab.draft_settings(draft)
+    architecture = zlab.ARCHITECTURES[settings.variant]
+    if architecture not in (getattr(draft, "architectures", None) or []):
+        keys = "has" if settings.variant == "dflash2" else "lacks"
+        raise CheckpointError(f"{name}: config.json architectures is not ['{architecture}'] (the config {keys} "
+                              "DFlash2's conv_* and selector_* keys)")
     t = model_args(target)
-    shapes = header_shapes(draft_dir, name)
+    shapes = zlab.draft_weight_names(header_shapes(draft_dir, name))
     mismatches = []
     if draft.hidden_size != t.hidden_size:
         mismatches.append(f"draft hidden_size {draft.hidden_size} != target hidden_size {t.hidden_size}")

@@ -49,6 +49,7 @@ class DraftSettings:
         return "dflash2" if self.selector is not None else "dflash"
 
 
+ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}  # z-lab's config.json names, by variant
 # z-lab's DFlash2 checkpoints store the selector's codebooks as bare tensors (its from_pretrained maps them)
 CODEBOOKS = {f"candidate_selector.{n}_codebook": f"candidate_selector.{n}_codebook.weight"
              for n in ("predecessor", "successor")}

@@ -80,7 +80,13 @@ def call_plan(prompt: list[int], chunk: int, block: int, max_seq_len: int) -> li
     return plan
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+def _rel(a: torch.Tensor | tuple, b: torch.Tensor | tuple) -> tuple[float, float]:
+    """Largest absolute error, and relative to the reference's largest magnitude. A DFlash2 draft's lattice is
+    compared by its scores (unary, pair: its candidates' order is the scores' order), its candidates equal."""
+    if isinstance(a, tuple):
+        if not torch.equal(a[0], b[0]):
+            return float("inf"), float("inf")
+        a, b = torch.cat([a[1].flatten(), a[2].flatten()]), torch.cat([b[1].flatten(), b[2].flatten()])
     err = (a.float() - b.float()).abs().max().item()
     return err, err / max(b.abs().max().item(), 1e-12)
 

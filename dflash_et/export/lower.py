@@ -167,10 +167,18 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
 
-    granularity = PerGroup(config.group_size) if q.weight_dtype == torch.int4 else PerAxis(0)
+    grouped = q.weight_dtype == torch.int4
+    granularity = PerGroup(config.group_size) if grouped else PerAxis(0)
+
+    def quantized(module: torch.nn.Module, kinds: tuple[type, ...]) -> bool:
+        """A module the recipe quantizes: of `kinds`, not done yet, and rows of whole groups (a DFlash2 draft's
+        low-rank selector can have rows shorter than a group: they stay as they are, a few KB)."""
+        return (isinstance(module, kinds) and not _quantized(module)
+                and (not grouped or module.weight.shape[-1] % config.group_size == 0))
+
     if q.dynamic_activations:
         recipe = Int8DynamicActivationIntxWeightConfig(weight_dtype=q.weight_dtype, weight_granularity=granularity)
-        for linear in [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not _quantized(m)]:
+        for linear in [m for m in model.modules() if quantized(m, (torch.nn.Linear,))]:
             by_rows.quantize_affine(linear, recipe)
         return
     tied = hasattr(model, "lm_head") and model.lm_head.weight is model.embed_tokens.weight
@@ -178,8 +186,8 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
                                   intx_choose_qparams_algorithm="hqq_scale_only")
     head = model.lm_head if tied else None  # quantized once, as the embedding
     with by_rows.hqq():
-        quantize_(model, recipe, filter_fn=lambda module, _: isinstance(module, (torch.nn.Linear, torch.nn.Embedding))
-                  and module is not head and not _quantized(module))
+        quantize_(model, recipe, filter_fn=lambda module, _: module is not head
+                  and quantized(module, (torch.nn.Linear, torch.nn.Embedding)))
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
 
@@ -286,7 +294,8 @@ class _Within(torch.nn.Module):
         super().__init__()
         self.draft = draft
 
-    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor
+                ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         return self.draft(tokens, hidden, input_pos)
 
 
@@ -371,7 +380,8 @@ def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path,
     if kind != "target":
         records.append(DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
                                  draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir),
-                                 context_window=context_window))
+                                 context_window=context_window,
+                                 selector_top_k=settings.selector[1] if settings.selector else None))
     return merged(*records)
 
 
@@ -410,9 +420,6 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
         raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
                           "portable only; set export.backend=xnnpack")
     own = tuple(k for k in ("target", "draft") if kind in (k, "single"))
-    if "draft" in own and settings.variant != "dflash":
-        raise ExportError(f"{draft_dir} is a DFlash2 draft (convolutions and a candidate selector): its program "
-                          "cannot be exported yet (issue #30); export a DFlash draft, or run it eagerly")
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
     # weights and constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was

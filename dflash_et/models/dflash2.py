@@ -69,7 +69,8 @@ class CandidateSelector(nn.Module):
         `anchor` [1] the block's first token -> the lattice's tensors (runtime.sampling.Lattice)."""
         unary, candidates = torch.topk(logits[0], self.top_k, dim=-1)  # [P, k]
         h = self.hidden_projection(hidden[0])  # [P, r]
-        before = torch.cat([anchor.expand(1, self.top_k), candidates[:-1]])  # [P, k] each position's predecessors
+        # [P, k] each position's predecessors; an explicit end (the MLX partitioner rejects open slices)
+        before = torch.cat([anchor.expand(1, self.top_k), candidates])[:candidates.shape[0]]
         pred = self.predecessor_codebook(before) * h[:, None, :]  # [P, k, r]
         pair = pred @ self.successor_codebook(candidates).transpose(1, 2)  # [P, k(predecessor), k]
         return candidates, unary, pair

@@ -100,8 +100,11 @@ class DraftProgram(Program):
         """As the eager draft's (models.draft): its calls take no tap older than the window."""
         return self.meta.context_window
 
-    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        return self.execute(tokens, hidden, input_pos)[0]
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor
+                 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The logits, or a DFlash2 draft's lattice (candidates, unary, pair), as the eager draft returns them."""
+        out = self.execute(tokens, hidden, input_pos)
+        return tuple(out) if self.meta.selector_top_k else out[0]
 
 
 def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:

@@ -89,6 +89,10 @@ Pair::Pair(const std::string& dir) {
     throw UserError(draft_->path() + " was exported for another target than " + target_->path() +
                     "; export both from the same pair");
   }
+  if (draft_->has(meta::kSelectorTopK)) {
+    throw UserError(draft_->path() + " is a DFlash2 draft (it returns a candidate lattice), which this runner does "
+                    "not decode yet; use the Python runner (--runner python)");
+  }
   std::vector<int64_t> eos = target_->integers(meta::kEosIds);
   limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
              draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),

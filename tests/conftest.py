@@ -145,7 +145,8 @@ def random_draft(path: Path, target_dir: Path, num_layers: int = 3, block: int =
     if "selector_top_k" in dflash:
         config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
     g = torch.Generator().manual_seed(1)
-    weights = {k: v * 5 if v.dim() == 2 else torch.empty_like(v).uniform_(0.5, 1.5, generator=g)
+    weights = {k: (v if v.any() else torch.randn(v.shape, generator=g) * 0.02) * 5 if v.dim() == 2  # DFlash2's
+               else torch.empty_like(v).uniform_(0.5, 1.5, generator=g)                          # zero inits too
                for k, v in zlab.init_draft_weights(config, seed=0).items()}
     zlab.save_draft(path, config, weights)
     return path

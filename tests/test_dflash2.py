@@ -284,3 +284,29 @@ def test_a_dflash2_draft_lowers_to_mlx_4w_in_one_delegate(pair, tmp_path):
     summary = export_program("draft", pair[0], draft_dir, config, tmp_path / "out")
     assert summary["ops"]["delegate_calls"] == 1 and summary["ops"]["portable"] <= 3
     assert summary["metadata"]["get_selector_top_k"] == DFLASH2["selector_top_k"]
+
+
+def test_a_new_dflash2_draft_starts_as_its_dflash_draft(pair, tmp_path):
+    """init_draft_weights' DFlash2 parts start as the identity (convolutions) and as nothing (selector): the same
+    logits as the DFlash draft of the same seed, and its greedy path is their argmax."""
+    import json
+
+    from dflash_et.checkpoints import zlab
+
+    target = load_target(pair[0], [1], 64)
+    base = zlab.draft_config(json.loads((pair[0] / "config.json").read_text()), 4, 2, 8)
+    two = json.loads(json.dumps(base))
+    two["dflash_config"] |= DFLASH2
+    two["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
+    drafts = []
+    for name, config in (("one", base), ("two", two)):
+        zlab.save_draft(tmp_path / name, config, zlab.init_draft_weights(config, seed=0))
+        drafts.append(load_draft(tmp_path / name, target))
+    width = len(base["dflash_config"]["target_layer_ids"]) * target.args.hidden_size
+    block, taps = torch.tensor([[7] + [4] * 7]), torch.randn(1, 5, width, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = drafts[0](block, taps, torch.arange(5))[0]
+        lattice = Lattice(*drafts[1](block, taps, torch.arange(5)))
+    assert lattice.pair.abs().max() == 0
+    torch.testing.assert_close(lattice.unary, torch.topk(logits, DFLASH2["selector_top_k"], dim=-1).values)
+    assert walk(lattice)[0] == logits.argmax(-1).tolist()

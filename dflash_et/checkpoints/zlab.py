@@ -204,16 +204,18 @@ def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
             p + "post_attention_layernorm.weight": torch.ones(hidden),
         }
     settings = _dflash2(lambda key: config["dflash_config"].get(key, config.get(key)))
-    if settings:  # DFlash2: convolutions that start as the identity (a DFlash draft's layers), a small selector
+    if settings:  # DFlash2, as SpecForge's and NeMo's reproductions start it (z-lab publishes no training init):
+        # convolutions that are the identity (a DFlash draft's layers), a selector that adds nothing (zero successors)
         (kernel, group), (rank, _) = settings["conv"], settings["selector"]
         identity = torch.zeros(2, kernel, hidden)
         identity[:, 0] = 1
         for i in range(config["num_hidden_layers"]):
             for conv in ("attention_conv", "mlp_conv"):
                 weights |= {f"layers.{i}.{conv}.base_kernel": identity.clone(),
-                            f"layers.{i}.{conv}.kernel_projection.weight": normal(2 * kernel * (hidden // group), hidden)}
-        weights |= {theirs: normal(config["vocab_size"], rank) for theirs in CODEBOOKS}
-        weights["candidate_selector.hidden_projection.weight"] = normal(rank, hidden)
+                            f"layers.{i}.{conv}.kernel_projection.weight": torch.zeros(2 * kernel * (hidden // group), hidden)}
+        codebooks = list(CODEBOOKS)
+        weights |= {codebooks[0]: normal(config["vocab_size"], rank), codebooks[1]: torch.zeros(config["vocab_size"], rank),
+                    "candidate_selector.hidden_projection.weight": normal(rank, hidden)}
     return weights
 
 

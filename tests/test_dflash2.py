@@ -310,3 +310,61 @@ def test_a_new_dflash2_draft_starts_as_its_dflash_draft(pair, tmp_path):
     assert lattice.pair.abs().max() == 0
     torch.testing.assert_close(lattice.unary, torch.topk(logits, DFLASH2["selector_top_k"], dim=-1).values)
     assert walk(lattice)[0] == logits.argmax(-1).tolist()
+
+
+def test_training_rows_are_scored_after_their_true_predecessor_and_the_loss_adds_the_selectors(pair):
+    """pack's `before`: the anchor for the first proposal row, then the target's own tokens; batch_loss adds the
+    selector's cross-entropy over each row's candidates (rows whose label is not a candidate add nothing)."""
+    import torch.nn.functional as F
+
+    from dflash_et.training.train import Sequence, TrainConfig, batch_loss, new_draft, pack
+
+    target = load_target(pair[0], [1], 128)
+    _, draft = new_draft(pair[0], target, TrainConfig(num_layers=1, block_size=6, max_seq_len=128, variant="dflash2"))
+    assert draft.candidate_selector.top_k == 16 and draft.layers[0].attention_conv.kernel_size == 2
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.args.vocab_size, (30,), generator=g)
+    with torch.no_grad():
+        taps = target(tokens[None], torch.arange(30))[1][0]
+        for p in draft.candidate_selector.parameters():  # a selector that scores: not the zero start
+            p.copy_(torch.randn(p.shape, generator=g))
+    draft.candidate_selector.top_k = 300  # of 2048: an untrained draft's candidates hold some labels, not all
+    anchors = torch.tensor([4, 11, 26])
+    batch = pack([Sequence(tokens, taps, 3)], [anchors], 6, 4, gamma=7.0)
+    for r, a in enumerate(anchors.tolist()):
+        for j in range(1, 6):
+            if a + j < 30:
+                assert batch.before[r * 6 + j] == tokens[a + j - 1]
+    rows = batch.weights.nonzero().squeeze(1)
+    with torch.no_grad():
+        logits, candidates, scores = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask,
+                                           rows, batch.before[rows])
+        labels, weights = batch.labels[rows], batch.weights[rows]
+        token = (F.cross_entropy(logits[0], labels, reduction="none") * weights).sum()
+        selector = sum(float(w) * -float(torch.log_softmax(s, -1)[c.tolist().index(int(y))])
+                       for s, c, y, w in zip(scores, candidates, labels, weights) if int(y) in c.tolist())
+        hits = sum(int(y) in c.tolist() for c, y in zip(candidates, labels))
+        assert 0 < hits < len(labels) and selector > 0
+        torch.testing.assert_close(batch_loss(draft, batch), (token + selector) / weights.sum())
+
+
+def test_a_trained_dflash2_draft_accepts_more_and_is_saved_in_zlabs_layout(pair, tmp_path):
+    import json
+    from functools import partial
+
+    from dflash import DFlash2DraftModel
+
+    from dflash_et.checkpoints.check import check_pair
+    from dflash_et.checkpoints.fetch import fetch
+    from dflash_et.training.train import TrainConfig, train_draft
+
+    config = TrainConfig(steps=80, num_prompts=12, heldout=3, max_new_tokens=24, block_size=8, anchors=8, batch=4,
+                         max_seq_len=256, lr=2e-3, variant="dflash2")
+    fetch("draft", "train", tmp_path / "draft", target_dir=pair[0], train=partial(train_draft, config=config))
+    report = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
+    assert report["heldout_tau"] > report["heldout_tau_untrained"] + 0.5, report
+    saved = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert saved["architectures"] == ["DFlash2DraftModel"] and saved["dflash_config"]["selector_top_k"] == 16
+    check_pair(pair[0], tmp_path / "draft")
+    zlab = DFlash2DraftModel.from_pretrained(tmp_path / "draft")  # z-lab's names: its loader finds every weight
+    assert zlab.candidate_selector.successor_codebook.weight.abs().max() > 0  # the selector learned

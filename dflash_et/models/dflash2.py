@@ -64,13 +64,23 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Embedding(vocab_size, rank)
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
 
+    def pairwise(self, hidden: torch.Tensor, before: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """The low-rank score [P, m, k] of each position's k `candidates` [P, k] after each of its m predecessors
+        `before` [P, m], at the positions' normed hidden states `hidden` [P, H]."""
+        pred = self.predecessor_codebook(before) * self.hidden_projection(hidden)[:, None, :]  # [P, m, r]
+        return pred @ self.successor_codebook(candidates).transpose(1, 2)
+
     def forward(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`hidden` [1, P, H] (the draft's normed output) and `logits` [1, P, V] of the proposal positions,
         `anchor` [1] the block's first token -> the lattice's tensors (runtime.sampling.Lattice)."""
         unary, candidates = torch.topk(logits[0], self.top_k, dim=-1)  # [P, k]
-        h = self.hidden_projection(hidden[0])  # [P, r]
         # [P, k] each position's predecessors; an explicit end (the MLX partitioner rejects open slices)
         before = torch.cat([anchor.expand(1, self.top_k), candidates])[:candidates.shape[0]]
-        pred = self.predecessor_codebook(before) * h[:, None, :]  # [P, k, r]
-        pair = pred @ self.successor_codebook(candidates).transpose(1, 2)  # [P, k(predecessor), k]
-        return candidates, unary, pair
+        return candidates, unary, self.pairwise(hidden[0], before, candidates)
+
+    def teacher_forced(self, hidden: torch.Tensor, logits: torch.Tensor, before: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training's scores: each row's top-k candidates [R, k] and their scores [R, k] after its true predecessor
+        `before` [R] (the anchor, then the target's tokens), as the walk scores them."""
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1)
+        return candidates, unary + self.pairwise(hidden, before[:, None], candidates)[:, 0]

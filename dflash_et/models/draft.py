@@ -12,7 +12,8 @@ and with `ring` the windowed layers' caches are ring buffers sized for such call
 Training passes many blocks at once: `block_pos` (each block row's position) and `block_mask`
 [rows, n + rows] (which context and block rows each row may see); the cache is then left alone
 and logits come back for the rows in `logit_rows` (default: every row). The head is most of a
-training step's cost for a real vocabulary, so rows that carry no loss skip it.
+training step's cost for a real vocabulary, so rows that carry no loss skip it. A DFlash2 draft given each
+logit row's true predecessor (`before`) also returns its selector's candidates and scores for the loss.
 
 A DFlash2 draft (`conv`, `selector`: models.dflash2) convolves each block causally in every layer and, in
 decoding, returns its proposal positions' candidate lattice (candidates, unary, pair) instead of the logits.
@@ -59,7 +60,8 @@ class Draft(nn.Module):
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
                 block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None,
-                logit_rows: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
+                logit_rows: torch.Tensor | None = None, before: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         n, b = hidden.shape[1], tokens.shape[1]
         if block_mask is None:
             start = start_position(input_pos, n + b, self.max_seq_len)
@@ -83,4 +85,6 @@ class Draft(nn.Module):
         logits = softcap(logits, self.args.logit_softcap)
         if block_mask is None and hasattr(self, "candidate_selector"):
             return self.candidate_selector(x, logits, tokens[0, :1])
+        if before is not None:  # training a DFlash2 draft: its selector's scores of the logit rows too
+            return (logits, *self.candidate_selector.teacher_forced(x[0], logits[0], before))
         return logits

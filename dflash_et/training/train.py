@@ -65,7 +65,13 @@ class TrainConfig:
     mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
     embed_scale: float | None = None  # model.draft_embed_scale: None, the target's own (see zlab.DraftSettings)
     sliding_window: int | None = None  # every draft layer attends this far back (zlab.DraftSettings.context_window)
+    variant: str = "dflash"       # dflash | dflash2 (DFLASH2's parts, its selector trained with the draft)
     seed: int = 0
+
+
+# A new DFlash2 draft's parts: z-lab's released Qwen3.6-27B-DFlash2 config (conv 2 rows, groups of 16 channels,
+# a rank-256 selector over the top 16 candidates)
+DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 
 
 @dataclass
@@ -86,6 +92,7 @@ class Batch:
     mask: torch.Tensor            # [R, C + R] what each row may see
     labels: torch.Tensor          # [R] the token each row should predict (-100: none)
     weights: torch.Tensor         # [R] loss weight of each row
+    before: torch.Tensor          # [R] the token before each row's label (the anchor, then the labels): DFlash2
 
 
 def target_sequences(target_dir: Path, layer_ids: list[int], prompts: list[list[int]], max_new_tokens: int,
@@ -169,17 +176,32 @@ def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_tok
         labels[r * block + 1:r * block + 1 + end - a - 1] = seq[a + 1:end]
     weights = torch.cat([torch.zeros(1), loss_weights(block, gamma)]).repeat(len(rows)) * (labels >= 0)
     hidden = torch.cat([s.taps[low:high] for s, (low, high) in zip(seqs, spans)])
+    before = torch.where(offset == 1, tokens.roll(1), labels.roll(1)).clamp(min=0)  # row 0 and past-the-end: unused
     return Batch(tokens[None], hidden[None], ctx_pos, row_anchor + offset,
-                 torch.cat([sees_ctx, sees_block], dim=1), labels, weights)
+                 torch.cat([sees_ctx, sees_block], dim=1), labels, weights, before)
 
 
 def batch_loss(draft: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Position-weighted cross-entropy of the draft's predictions for every masked row of the batch. Only
-    rows with a weight get logits: anchors and rows past a reply's end skip the head."""
+    rows with a weight get logits: anchors and rows past a reply's end skip the head.
+
+    A DFlash2 draft adds its selector's cross-entropy over each row's top-k candidates, scored after the true
+    predecessor (teacher forcing), with the same weights and denominator: the objective of the public
+    reproductions (SpecForge, vLLM speculators, NeMo; z-lab publishes none). A row whose label is not among its
+    candidates adds nothing to it: the selector cannot choose it, the token loss must bring it in."""
     rows = batch.weights.nonzero().squeeze(1)
-    logits = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows).squeeze(0)
-    weights = batch.weights[rows]
-    return (F.cross_entropy(logits, batch.labels[rows], reduction="none") * weights).sum() / weights.sum().clamp(min=1e-9)
+    dflash2 = hasattr(draft.module if hasattr(draft, "module") else draft, "candidate_selector")
+    out = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows,
+                batch.before[rows] if dflash2 else None)
+    logits = (out[0] if dflash2 else out).squeeze(0)
+    labels, weights = batch.labels[rows], batch.weights[rows]
+    total = (F.cross_entropy(logits, labels, reduction="none") * weights).sum()
+    if dflash2:
+        candidates, scores = out[1], out[2]
+        hit = candidates == labels[:, None]
+        chosen = F.cross_entropy(scores, hit.int().argmax(-1), reduction="none")
+        total = total + (chosen * weights * hit.any(-1)).sum()
+    return total / weights.sum().clamp(min=1e-9)
 
 
 def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[dict, Draft]:
@@ -193,10 +215,18 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
         draft_cfg["dflash_config"]["embed_scale"] = float(config.embed_scale)
     if config.sliding_window is not None:  # z-lab's key; training's block masks then honour it (models.attention)
         draft_cfg["dflash_config"]["sliding_window_size"] = config.sliding_window
+    if config.variant not in zlab.ARCHITECTURES:
+        raise ValueError(f"train_draft.variant={config.variant!r} is not one of {', '.join(zlab.ARCHITECTURES)}")
+    if config.variant == "dflash2":
+        if draft_cfg["hidden_size"] % DFLASH2["conv_group_size"]:
+            raise ValueError(f"train_draft.variant=dflash2 convolves groups of {DFLASH2['conv_group_size']} channels, "
+                             f"which do not divide the target's hidden size {draft_cfg['hidden_size']}; use dflash")
+        draft_cfg["dflash_config"] |= DFLASH2
+        draft_cfg["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
     from transformers import Qwen3Config
 
     draft = build_draft(Qwen3Config(**draft_cfg), target.args, config.max_seq_len)
-    draft.load_state_dict(zlab.init_draft_weights(draft_cfg, config.seed), strict=False)
+    draft.load_state_dict(zlab.draft_weight_names(zlab.init_draft_weights(draft_cfg, config.seed)), strict=False)
     zlab.borrow(draft, target)
     for p in (draft.embed_tokens.weight, draft.lm_head.weight):
         p.requires_grad_(False)

@@ -368,3 +368,19 @@ def test_a_trained_dflash2_draft_accepts_more_and_is_saved_in_zlabs_layout(pair,
     check_pair(pair[0], tmp_path / "draft")
     zlab = DFlash2DraftModel.from_pretrained(tmp_path / "draft")  # z-lab's names: its loader finds every weight
     assert zlab.candidate_selector.successor_codebook.weight.abs().max() > 0  # the selector learned
+
+
+def test_bad_dflash2_settings_are_one_line_errors(pair, monkeypatch):
+    from dflash_et.models.dflash2 import GroupedCausalConv
+    from dflash_et.training import train
+    from dflash_et.training.train import TrainConfig, new_draft
+
+    target = load_target(pair[0], [1], 64)
+    with pytest.raises(ValueError, match=r"^train_draft.variant='dflash3' is not one of dflash, dflash2$"):
+        new_draft(pair[0], target, TrainConfig(num_layers=1, max_seq_len=64, variant="dflash3"))
+    with pytest.raises(ValueError, match=r"^conv_group_size 48 does not divide the draft's hidden size 256$"):
+        GroupedCausalConv(256, 2, 48)
+    monkeypatch.setitem(train.DFLASH2, "conv_group_size", 48)
+    with pytest.raises(ValueError, match=r"^train_draft.variant=dflash2 convolves groups of 48 channels, which do not "
+                                         r"divide the target's hidden size 256; use dflash$"):
+        new_draft(pair[0], target, TrainConfig(num_layers=1, max_seq_len=64, variant="dflash2"))

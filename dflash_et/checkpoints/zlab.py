@@ -213,8 +213,8 @@ def init_draft_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
             for conv in ("attention_conv", "mlp_conv"):
                 weights |= {f"layers.{i}.{conv}.base_kernel": identity.clone(),
                             f"layers.{i}.{conv}.kernel_projection.weight": torch.zeros(2 * kernel * (hidden // group), hidden)}
-        codebooks = list(CODEBOOKS)
-        weights |= {codebooks[0]: normal(config["vocab_size"], rank), codebooks[1]: torch.zeros(config["vocab_size"], rank),
+        weights |= {"candidate_selector.predecessor_codebook": normal(config["vocab_size"], rank),
+                    "candidate_selector.successor_codebook": torch.zeros(config["vocab_size"], rank),
                     "candidate_selector.hidden_projection.weight": normal(rank, hidden)}
     return weights
 

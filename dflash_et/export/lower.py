@@ -170,7 +170,7 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
     grouped = q.weight_dtype == torch.int4
     granularity = PerGroup(config.group_size) if grouped else PerAxis(0)
 
-    def quantized(module: torch.nn.Module, kinds: tuple[type, ...]) -> bool:
+    def to_quantize(module: torch.nn.Module, kinds: tuple[type, ...]) -> bool:
         """A module the recipe quantizes: of `kinds`, not done yet, and rows of whole groups (a DFlash2 draft's
         low-rank selector can have rows shorter than a group: they stay as they are, a few KB)."""
         return (isinstance(module, kinds) and not _quantized(module)
@@ -178,7 +178,7 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
 
     if q.dynamic_activations:
         recipe = Int8DynamicActivationIntxWeightConfig(weight_dtype=q.weight_dtype, weight_granularity=granularity)
-        for linear in [m for m in model.modules() if quantized(m, (torch.nn.Linear,))]:
+        for linear in [m for m in model.modules() if to_quantize(m, (torch.nn.Linear,))]:
             by_rows.quantize_affine(linear, recipe)
         return
     tied = hasattr(model, "lm_head") and model.lm_head.weight is model.embed_tokens.weight
@@ -187,7 +187,7 @@ def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
     head = model.lm_head if tied else None  # quantized once, as the embedding
     with by_rows.hqq():
         quantize_(model, recipe, filter_fn=lambda module, _: module is not head
-                  and quantized(module, (torch.nn.Linear, torch.nn.Embedding)))
+                  and to_quantize(module, (torch.nn.Linear, torch.nn.Embedding)))
     if tied:
         model.lm_head.weight = model.embed_tokens.weight
 

@@ -13,7 +13,8 @@ Training passes many blocks at once: `block_pos` (each block row's position) and
 [rows, n + rows] (which context and block rows each row may see); the cache is then left alone
 and logits come back for the rows in `logit_rows` (default: every row). The head is most of a
 training step's cost for a real vocabulary, so rows that carry no loss skip it. A DFlash2 draft given each
-logit row's true predecessor (`before`) also returns its selector's candidates and scores for the loss.
+logit row's true predecessor (`before`) also returns its selector's candidates and scores for the loss (a
+DFlash draft ignores `before`).
 
 A DFlash2 draft (`conv`, `selector`: models.dflash2) convolves each block causally in every layer and, in
 decoding, returns its proposal positions' candidate lattice (candidates, unary, pair) instead of the logits.
@@ -85,6 +86,6 @@ class Draft(nn.Module):
         logits = softcap(logits, self.args.logit_softcap)
         if block_mask is None and hasattr(self, "candidate_selector"):
             return self.candidate_selector(x, logits, tokens[0, :1])
-        if before is not None:  # training a DFlash2 draft: its selector's scores of the logit rows too
+        if before is not None and hasattr(self, "candidate_selector"):  # training a DFlash2 draft: its scores too
             return (logits, *self.candidate_selector.teacher_forced(x[0], logits[0], before))
         return logits

@@ -190,9 +190,8 @@ def batch_loss(draft: torch.nn.Module, batch: Batch) -> torch.Tensor:
     reproductions (SpecForge, vLLM speculators, NeMo; z-lab publishes none). A row whose label is not among its
     candidates adds nothing to it: the selector cannot choose it, the token loss must bring it in."""
     rows = batch.weights.nonzero().squeeze(1)
-    dflash2 = hasattr(draft.module if hasattr(draft, "module") else draft, "candidate_selector")
-    out = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows,
-                batch.before[rows] if dflash2 else None)
+    out = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows, batch.before[rows])
+    dflash2 = isinstance(out, tuple)
     logits = (out[0] if dflash2 else out).squeeze(0)
     labels, weights = batch.labels[rows], batch.weights[rows]
     total = (F.cross_entropy(logits, labels, reduction="none") * weights).sum()

@@ -130,13 +130,37 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     config = lower.ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False, **params)
     monkeypatch.setattr(by_rows, "ROW_BLOCK", 1)
     monkeypatch.setattr(frugal, "CHUNK", 256)
+    repacked = _mlx_repacked_files(monkeypatch) if config.backend == "mlx" else None
     lower.export_program("target", target, draft, config, tmp_path / "frugal")
+    if repacked is not None:  # MLX's repacked weights were in the spool, not in memory, when it serialized them
+        assert repacked and all(f is not None and Path(f[0]).name.startswith("dflash-spool-") for f in repacked)
+        monkeypatch.undo()
     monkeypatch.setattr(by_rows, "ROW_BLOCK", 1 << 40)
     monkeypatch.setattr(frugal, "CHUNK", 1 << 24)
-    monkeypatch.setattr(lower, "spilling", lambda directory: nullcontext())
+    monkeypatch.setattr(lower, "spilling", lambda directory, mlx: nullcontext())
     lower.export_program("target", target, draft, config, tmp_path / "plain")
     assert (tmp_path / "frugal" / "target.pte").read_bytes() == (tmp_path / "plain" / "target.pte").read_bytes()
     assert sorted(p.name for p in (tmp_path / "frugal").iterdir()) == ["export.json", "target.pte"]  # no spool left
+
+
+def _mlx_repacked_files(monkeypatch) -> list:
+    """Where MLX's builder holds each weight it repacked (the file it is mapped from; None: memory) when it starts
+    serializing them, recorded into the list returned."""
+    from dflash_et.models.mlx_ops import ensure_mlx_backend
+    from dflash_et.resident import Mappings
+
+    ensure_mlx_backend()
+    from executorch.backends.mlx.builder.program_builder import MLXProgramBuilder
+
+    where, serialize = [], MLXProgramBuilder.get_named_data_store
+
+    def recorded(builder: MLXProgramBuilder):
+        maps = Mappings()
+        where.extend(maps.file_of(t.data_ptr(), t.nbytes) for t in builder.extra_constants.values() if t.nbytes >= 64)
+        return serialize(builder)
+
+    monkeypatch.setattr(MLXProgramBuilder, "get_named_data_store", recorded)
+    return where
 
 
 @pytest.mark.parametrize("rows_at_once", [1, 7, 64])

@@ -12,7 +12,9 @@ A quantized export makes new weights (torchao's int8-held int values and scales,
 XNNPACK packs them once more: `Spiller.kept` moves a module's new weights to the spool as they are made, mapped back
 read-only (page cache, not anonymous memory), and drops the pages that reading the old ones made resident (RssFile
 counts in VmHWM); under `spilling`, the delegates' constants (XNNPACK's packed bytes, MLX's tensors) become file
-ranges too.
+ranges too. MLX's builder repacks every quantized weight into new constants (`make_or_get_constant`: int4 values
+packed into uint32, biases) and holds them all until it serializes the graph: `spilling(mlx=True)` moves each to the
+spool as it is made.
 """
 
 import builtins
@@ -133,11 +135,11 @@ class Spiller:
         self.maps = None  # loading mapped and unmapped checkpoint shards since
         before = _tensors(module)
         yield
-        self._keep([t for t in _tensors(module) if not t.is_meta and t.is_contiguous() and t.nbytes >= ALIGN
+        self.keep([t for t in _tensors(module) if not t.is_meta and t.is_contiguous() and t.nbytes >= ALIGN
                     and self._mapped(t.data_ptr(), t.nbytes) is None])  # meta: a weight not loaded yet
         self.release(before)
 
-    def _keep(self, tensors: list[torch.Tensor]) -> None:
+    def keep(self, tensors: list[torch.Tensor]) -> None:
         """Each tensor's bytes appended to the spool, and its data a read-only mapping of them (a storage of its
         own: ExecuTorch's serializers take a constant's whole storage)."""
         if not tensors:
@@ -193,6 +195,18 @@ class Spiller:
                 drop(t, maps)
 
 
+def _mlx_builder() -> tuple[type, tuple]:
+    """MLX's program builder, and the modules that call its `to_mlx_qparams` (each imported it by name)."""
+    from dflash_et.models.mlx_ops import ensure_mlx_backend
+
+    ensure_mlx_backend()
+    from executorch.backends.mlx import ops, patterns
+    from executorch.backends.mlx.builder import op_helpers
+    from executorch.backends.mlx.builder.program_builder import MLXProgramBuilder
+
+    return MLXProgramBuilder, (op_helpers, ops, patterns)
+
+
 def _read_only(mapping: mmap.mmap, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
     with warnings.catch_warnings():  # read-only on purpose: a write to a weight would be a bug, and crashes
         warnings.simplefilter("ignore")
@@ -212,10 +226,12 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 @contextmanager
-def spilling(directory: Path | None = None):
+def spilling(directory: Path | None = None, mlx: bool = False):
     """Within it, ExecuTorch's emitter (`to_executorch`) and the XNNPACK and MLX delegates keep constants as file
     ranges, spooling those that no file holds under `directory` (default: the temp dir); the spool lives until
-    the context ends, so load (`Spiller.kept`), lower and write the program inside it."""
+    the context ends, so load (`Spiller.kept`), lower and write the program inside it. `mlx`: a program lowered to
+    MLX, whose builder's repacked weights go to the spool as they are made (importing its builder generates the
+    MLX backend's serialization files once, so other backends leave it alone)."""
     from executorch.backends.xnnpack.operators import node_visitor
     from executorch.exir._serialize import _named_data_store
     from executorch.exir.emit import _emitter
@@ -254,6 +270,27 @@ def spilling(directory: Path | None = None):
         return data if spiller.holds(data if kind is torch.UntypedStorage else data.untyped_storage()) \
             else copying[kind](data, memo)
 
+    builder, packers = _mlx_builder() if mlx else (None, ())
+    plain_constant = builder.make_or_get_constant if mlx else None
+    plain_qparams = packers[0].to_mlx_qparams if mlx else None
+
+    def make_or_get_constant(self, name: str, tensor: torch.Tensor):
+        new = name not in self.extra_constants
+        slot = plain_constant(self, name, tensor)
+        if new and type(tensor) is torch.Tensor and tensor.is_contiguous() and tensor.nbytes >= ALIGN \
+                and spiller._mapped(tensor.data_ptr(), tensor.nbytes) is None:  # not fake, not in the spool yet
+            spiller.keep([tensor])
+            spiller.release()  # what repacking read of the quantized weights (themselves in the spool)
+        return slot
+
+    # MLX packs int4 values eight to a uint32 with whole-size temporaries (3x the int8-held weight): by blocks
+    def mlx_qparams(qdata: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int,
+                    compute_biases: bool = True, prepacked: bool = False):
+        if prepacked or qdata.dim() != 2 or qdata.nbytes <= CHUNK:
+            return plain_qparams(qdata, scale, zero_point, bits, compute_biases, prepacked)
+        packed = spiller.by_blocks(qdata, lambda rows: plain_qparams(rows, scale, zero_point, bits, False)[0])
+        return packed, plain_qparams(qdata[:1], scale, zero_point, bits, compute_biases)[1]  # biases: scales' alone
+
     shim = type("hashlib", (), {"sha256": staticmethod(sha256)})
     plain_tensor_to_bytes = _named_data_store._tensor_to_bytes
     for module in (_emitter, node_visitor):
@@ -262,6 +299,10 @@ def spilling(directory: Path | None = None):
     node_visitor.NodeVisitor.convert_to_qc4w = staticmethod(qc4w)
     for cls in copying:
         cls.__deepcopy__ = deepcopy
+    if mlx:
+        builder.make_or_get_constant = make_or_get_constant
+        for module in packers:
+            module.to_mlx_qparams = mlx_qparams
     try:
         yield spiller
     finally:
@@ -272,5 +313,9 @@ def spilling(directory: Path | None = None):
         node_visitor.NodeVisitor.convert_to_qc4w = staticmethod(plain_qc4w)
         for cls, plain in copying.items():
             cls.__deepcopy__ = plain
+        if mlx:
+            builder.make_or_get_constant = plain_constant
+            for module in packers:
+                module.to_mlx_qparams = plain_qparams
         spiller.close()
         os.unlink(name)

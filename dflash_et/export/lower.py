@@ -423,7 +423,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
     # weights and constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was
-    with nullcontext() if config.shared_weights else spilling(out_dir) as spiller:
+    with nullcontext() if config.shared_weights else spilling(out_dir, config.backend == "mlx") as spiller:
         target, draft, settings = load_models(target_dir, draft_dir, config, config.max_seq_len,
                                               OPS_OF_BACKEND[config.backend], own, spiller,
                                               target_only=BORROWED if kind == "draft" else None,

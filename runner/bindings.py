@@ -1,5 +1,6 @@
 """ctypes bindings of the runner's test libraries (built beside dflash_runner): its kernels, to check them
-against ExecuTorch's own ops and time them, and its auto planner, to hold it to adaptive.py's choices."""
+against ExecuTorch's own ops and time them, its auto planner, to hold it to adaptive.py's choices, and its walk
+through a DFlash2 lattice, to hold it to sampling.py's."""
 
 import ctypes
 import math
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 
 from dflash_et.errors import UserError
+from dflash_et.runtime.sampling import Lattice
 from runner.toolchain import BUILD
 
 
@@ -104,3 +106,27 @@ class CppPlanner:
 
     def __del__(self) -> None:
         self.lib.dflash_planner_free(self._planner)
+
+
+class CppWalk:
+    """The runner's walk through a DFlash2 lattice (`Sampler::walk`, libdflash_sampling.so, built beside it), to
+    compare with `sampling.walk` on the same lattice."""
+
+    def __init__(self, library: Path = BUILD / "libdflash_sampling.so"):
+        self.lib = ctypes.CDLL(str(library))
+        pointer = ctypes.c_void_p
+        self.lib.dflash_walk.argtypes = [pointer, pointer, pointer, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_double, ctypes.c_int, ctypes.c_uint64, pointer, pointer, pointer]
+
+    def __call__(self, lattice: Lattice, vocab_size: int, temperature: float = 0.0, sample: bool = False,
+                 seed: int = 0) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
+        """As `Sampler.walk` of a sampler with these settings: (path, q [P, V] for sampled proposals else None,
+        the scores [P, k] each choice was made from)."""
+        candidates, unary, pair = (lattice.candidates.long().contiguous(), lattice.unary.float().contiguous(),
+                                   lattice.pair.float().contiguous())
+        positions, k = candidates.shape
+        path, scores = torch.zeros(positions, dtype=torch.long), torch.zeros(positions, k)
+        q = torch.zeros(positions, vocab_size)
+        self.lib.dflash_walk(candidates.data_ptr(), unary.data_ptr(), pair.data_ptr(), positions, k, vocab_size,
+                             temperature, int(sample), seed, path.data_ptr(), scores.data_ptr(), q.data_ptr())
+        return path.tolist(), q if temperature > 0 and sample else None, scores

@@ -264,13 +264,21 @@ def test_dflash2_draft_program_matches_the_eager_draft_and_decodes_losslessly(df
             assert engine.dflash(prompt, 30, block).tokens == reference
 
 
-def test_the_cpp_runner_refuses_a_dflash2_draft_in_one_line(dflash2_programs, runner):
-    from dflash_et.errors import UserError
+def test_the_cpp_runner_walks_a_dflash2_draft_as_the_python_engine_does(dflash2_programs, runner):
+    """A random DFlash2 draft (pairwise scores as large as its logits) through the C++ runner: the Python engine's
+    tokens and rounds (tests/test_runner.py holds a trained one to plain greedy decoding and to the target's
+    distribution)."""
     from dflash_et.runtime.cpp_runner import CppEngine
+    from dflash_et.runtime.engine import Engine
 
-    with pytest.raises(UserError, match=r"draft\.pte is a DFlash2 draft .* which this runner does not decode yet; "
-                                        r"use the Python runner \(--runner python\)$"):
-        CppEngine(dflash2_programs[0], runner, threads=1)
+    engine = Engine(dflash2_programs[0])
+    with CppEngine(dflash2_programs[0], runner, threads=1) as cpp:
+        for prompt in ([5, 9, 14, 3, 22, 7], list(range(3, 40))):
+            for block in (2, 5, engine.max_block_size):
+                ours, theirs = (e.dflash(prompt, 30, block) for e in (cpp, engine))
+                assert ours.tokens == theirs.tokens
+                assert [(r.verified, r.accepted) for r in ours.rounds] == [(r.verified, r.accepted)
+                                                                           for r in theirs.rounds]
 
 
 def test_a_dflash2_draft_lowers_to_mlx_4w_in_one_delegate(pair, tmp_path):

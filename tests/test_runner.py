@@ -23,7 +23,7 @@ from dflash_et.runtime.adaptive import confidence as adaptive_confidence
 from dflash_et.runtime.cpp_runner import CppEngine
 from runner.bindings import CppPlanner, LlamaKernels
 from dflash_et.runtime.engine import Engine
-from dflash_et.runtime.programs import load_programs
+from dflash_et.runtime.programs import DraftProgram, load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
 from tests.conftest import MAX_SEQ_LEN
 
@@ -147,12 +147,46 @@ def prompts(programs):
     return [encode_chat(tok, r["prompt"]) for r in builtin_prompts(6)]
 
 
+# dflash2_programs' successor codebook: about a fifth of the walk's choices move off the top logit (eager: 68 of
+# 354 at blocks 2, 5 and 8), its proposals accepted about as often as the DFlash draft's
+SUCCESSOR_SCALE = 100.0
+
+
+@pytest.fixture(scope="module")
+def dflash2_programs(programs, trained_pair, tmp_path_factory) -> Path:
+    """`programs`' target.pte beside a DFlash2 draft.pte made of the trained draft: its layers as trained, its
+    convolutions the identity (as a new DFlash2 draft starts), and a selector whose pairwise scores move some of the
+    walk's choices off each position's top logit. So its rounds accept proposals (a random draft's accept almost
+    none, which hides bugs), and a walk that left the pairwise scores out would propose other tokens."""
+    from safetensors.torch import load_file
+
+    from dflash_et.checkpoints import zlab
+    from dflash_et.export.lower import ExportConfig, export_program
+    from tests.conftest import PREFILL_CHUNK, built_once
+    from tests.test_dflash2 import DFLASH2
+
+    def build(out: Path) -> None:
+        shutil.copytree(programs, out / "programs")
+        config = json.loads((trained_pair[1] / "config.json").read_text())
+        config["dflash_config"] |= DFLASH2
+        config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
+        weights = zlab.init_draft_weights(config, seed=0) | load_file(trained_pair[1] / "model.safetensors")
+        successors = weights["candidate_selector.successor_codebook"]  # zero at init: a selector that adds nothing
+        weights["candidate_selector.successor_codebook"] = SUCCESSOR_SCALE * torch.randn(
+            successors.shape, generator=torch.Generator().manual_seed(2))
+        zlab.save_draft(out / "draft", config, weights)
+        export_program("draft", trained_pair[0], out / "draft",
+                       ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK), out / "programs")
+
+    return built_once(tmp_path_factory, "dflash2-trained", build) / "programs"
+
+
 @pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs", "single_programs",
-                                  "windowed_programs"])
+                                  "windowed_programs", "dflash2_programs"])
 def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
     """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single), a draft with a
-    context window: plain and DFlash at several blocks, the same tokens and the same rounds (accepted proposals)
-    as the Python engine."""
+    context window, a DFlash2 draft (its proposals walked through its lattice): plain and DFlash at several
+    blocks, the same tokens and the same rounds (accepted proposals) as the Python engine."""
     programs = request.getfixturevalue(kind)
     python = Engine(programs)
     blocks = (0, 2, 5, python.max_block_size)  # 0: plain decoding
@@ -314,12 +348,15 @@ def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prom
         CppEngine(programs, runner, cost_curve=path)
 
 
-def test_runner_samples_the_targets_distribution(programs, runner, prompts):
-    """Sampled plain decoding and sampled DFlash (both proposal modes) through the runner against plain
-    sampling by the Python engine: per generated position, the chi-square test of validate's sampling check
-    (Bonferroni over the positions and modes). The two generators differ, so only distributions can agree."""
+@pytest.mark.parametrize("kind", ["programs", "dflash2_programs"])
+def test_runner_samples_the_targets_distribution(kind, request, runner, prompts):
+    """Sampled plain decoding and sampled DFlash (both proposal modes; a DFlash2 draft's walk greedy or drawn)
+    through the runner against plain sampling by the Python engine: per generated position, the chi-square test
+    of validate's sampling check (Bonferroni over the positions and modes). The two generators differ, so only
+    distributions can agree."""
     from dflash_et.evaluate.same_distribution import chi_square
 
+    programs = request.getfixturevalue(kind)
     samples, tokens, alpha = 400, 6, 1e-3
     settings = Sampling(temperature=1.5, top_p=0.95, top_k=20)
     python = Engine(programs)
@@ -341,6 +378,68 @@ def test_runner_samples_the_targets_distribution(programs, runner, prompts):
     p_values = {(mode, p): chi_square(counts[p], reference[p])[2] for mode, counts in runs.items() for p in range(tokens)}
     assert min(p_values.values()) > alpha / len(p_values), p_values
     assert all(len(counts[p]) > 1 for counts in runs.values() for p in range(tokens))  # sampled at every position
+
+
+# ------------------------------------------------------------------------------------------ DFlash2 drafts
+
+
+def test_the_runners_walk_through_a_lattice_is_sampling_pys(runner):
+    """Greedy, the path and the scores each choice was made from are sampling.walk's, digit for digit, on random
+    lattices whose pairwise scores decide it (left out, most paths change); argmax proposals at temperature > 0
+    walk the same path (q one-hot: none). Sampled, paths follow the exact law of a sampled walk (test_dflash2's
+    enumeration; chi-square), and each q row is its position's distribution after the candidate drawn before it."""
+    from dflash_et.evaluate.same_distribution import chi_square
+    from dflash_et.runtime.sampling import Lattice, walk
+    from runner.bindings import CppWalk
+    from tests.test_dflash2 import toy_lattice
+    from tests.test_sampling import V, toy_target
+
+    cpp, g, moved = CppWalk(runner.parent / "libdflash_sampling.so"), torch.Generator().manual_seed(0), 0
+    for _ in range(40):
+        lattice = Lattice(torch.randint(0, 100, (7, 6), generator=g), torch.randn(7, 6, generator=g),
+                          torch.randn(7, 6, 6, generator=g))
+        path, q, scores = cpp(lattice, 100)
+        theirs, their_scores, _ = walk(lattice)
+        assert (path, q) == (theirs, None) and torch.equal(scores, their_scores)
+        assert cpp(lattice, 100, temperature=0.7)[:2] == (theirs, None)
+        moved += walk(replace(lattice, pair=torch.zeros_like(lattice.pair)))[0] != path
+    assert moved > 20, moved
+    lattice, law = toy_lattice(3, toy_target(3), 0.9)
+    seen = Counter()
+    for seed in range(20000):
+        path, q, _ = cpp(lattice, V, temperature=0.9, sample=True, seed=seed)
+        if tuple(path) not in seen:
+            torch.testing.assert_close(q, law[tuple(path)][1], rtol=0, atol=1e-6)
+        seen[tuple(path)] += 1
+    expected = Counter({path: round(p * 1e6) for path, (p, _) in law.items()})
+    assert chi_square(seen, expected)[2] > 1e-3
+
+
+def test_greedy_dflash2_through_the_runner_is_plain_greedy_decoding(dflash2_programs, runner, prompts, monkeypatch):
+    """Token for token at blocks 2, 5, the largest and auto (its planner reading the walked path's scores); and the
+    walk decides the rounds: the same draft with its pairwise scores left out (each position's top logit, through
+    the Python engine) makes other ones."""
+    python = Engine(dflash2_programs)
+    blocks = (2, 5, python.max_block_size)
+    with CppEngine(dflash2_programs, runner, threads=1) as cpp:
+        ours = {(i, b): cpp.dflash(ids, 24, b) for i, ids in enumerate(prompts[:4]) for b in blocks}
+        cpp.cost_curve(repeats=1)
+        auto = [cpp.dflash(ids, 24, "auto") for ids in prompts[:4]]
+    plain = [python.ar(ids, 24).tokens for ids in prompts[:4]]
+    assert all(g.tokens == plain[i] for (i, _), g in ours.items())
+    assert [g.tokens for g in auto] == plain and any(r.verified for g in auto for r in g.rounds)  # it drafted
+    assert sum(r.accepted for g in ours.values() for r in g.rounds) > 50
+
+    walked = DraftProgram.__call__
+
+    def top_logits(self, *args):  # the draft's lattice without its pairwise scores
+        candidates, unary, pair = walked(self, *args)
+        return candidates, unary, torch.zeros_like(pair)
+
+    monkeypatch.setattr(DraftProgram, "__call__", top_logits)
+    blind = {(i, b): python.dflash(prompts[i], 24, b) for i, b in ours}
+    assert any([(r.verified, r.accepted) for r in blind[key].rounds] != [(r.verified, r.accepted) for r in g.rounds]
+               for key, g in ours.items())
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -89,15 +89,12 @@ Pair::Pair(const std::string& dir) {
     throw UserError(draft_->path() + " was exported for another target than " + target_->path() +
                     "; export both from the same pair");
   }
-  if (draft_->has(meta::kSelectorTopK)) {
-    throw UserError(draft_->path() + " is a DFlash2 draft (it returns a candidate lattice), which this runner does "
-                    "not decode yet; use the Python runner (--runner python)");
-  }
   std::vector<int64_t> eos = target_->integers(meta::kEosIds);
   limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
              draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
              target_->integer(meta::kVocabSize), {eos.begin(), eos.end()},
-             draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0};
+             draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0,
+             draft_->has(meta::kSelectorTopK) ? draft_->integer(meta::kSelectorTopK) : 0};
   for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
                              limits_.max_context_len, limits_.max_block,
                              static_cast<int64_t>(std::filesystem::file_size(target_->path())),
@@ -245,7 +242,8 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   bool done = eos.count(out.tokens.back()) > 0;
   std::vector<int64_t> block_ids, context;
-  std::vector<float> q;  // the distributions sampled proposals were drawn from
+  std::vector<float> q;       // the distributions sampled proposals were drawn from
+  std::vector<float> scores;  // a DFlash2 draft's: the scores its path was chosen from [b - 1, top-k]
   while (!done) {
     const int64_t room = std::min({block, max_new_tokens - static_cast<int64_t>(out.tokens.size()),
                                    limits_.max_context_len - pos});
@@ -270,10 +268,20 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
                        *from_blob(unseen.data(), {1, n, static_cast<int32_t>(taps_width_)}, ScalarType::Float),
                        *from_blob(context.data(), {n}, ScalarType::Long)});
       draft_s = now() - t1;
-      const auto& logits = draft_->output(0);
-      const float* rows = logits.const_data_ptr<float>();
-      const int64_t k = planner ? planner->verify_count(rows, b - 1, logits.size(2), pos) : b - 1;
-      proposals = sampler.propose(rows, k, logits.size(2), q);
+      if (limits_.selector_top_k) {  // DFlash2: the path is walked whole, its scores are its confidence
+        const auto& candidates = draft_->output(0);
+        const Lattice lattice{candidates.const_data_ptr<int64_t>(), draft_->output(1).const_data_ptr<float>(),
+                              draft_->output(2).const_data_ptr<float>(), candidates.size(0), candidates.size(1)};
+        proposals = sampler.walk(lattice, limits_.vocab_size, q, scores);
+        const int64_t k = planner ? planner->verify_count(scores.data(), b - 1, lattice.k, pos) : b - 1;
+        proposals.resize(k);
+        q.resize(q.empty() ? 0 : k * limits_.vocab_size);
+      } else {
+        const auto& logits = draft_->output(0);
+        const float* rows = logits.const_data_ptr<float>();
+        const int64_t k = planner ? planner->verify_count(rows, b - 1, logits.size(2), pos) : b - 1;
+        proposals = sampler.propose(rows, k, logits.size(2), q);
+      }
       unseen.clear();
       unseen_start = pos;
     }

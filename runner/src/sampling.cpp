@@ -6,6 +6,17 @@
 #include <numeric>
 
 namespace dflash {
+namespace {
+
+// Scores to probabilities, in place (torch.softmax, in floats).
+void softmax(std::vector<float>& scores) {
+  const float best = *std::max_element(scores.begin(), scores.end());
+  float total = 0;
+  for (auto& s : scores) total += (s = std::exp(s - best));
+  for (auto& s : scores) s /= total;
+}
+
+}  // namespace
 
 std::vector<int64_t> argmax(const float* logits, int64_t rows, int64_t vocab) {
   std::vector<int64_t> out(rows);
@@ -32,10 +43,7 @@ void Sampler::distribution(const float* logits, int64_t vocab, std::vector<float
     const float kth = sorted[sampling_.top_k - 1];
     for (auto& s : probs) s = s < kth ? -std::numeric_limits<float>::infinity() : s;
   }
-  const float best = *std::max_element(probs.begin(), probs.end());
-  float total = 0;
-  for (auto& s : probs) total += (s = std::exp(s - best));
-  for (auto& s : probs) s /= total;
+  softmax(probs);
   if (sampling_.top_p < 1) {
     // A token stays while the more likely tokens before it hold less than top_p. Only the most likely `head`
     // tokens are sorted, `head` growing until they hold top_p, as sampling.py's nucleus does: sorting a real
@@ -92,6 +100,33 @@ std::vector<int64_t> Sampler::propose(const float* logits, int64_t rows, int64_t
     out[r] = draw(p_);
   }
   return out;
+}
+
+std::vector<int64_t> Sampler::walk(const Lattice& lattice, int64_t vocab, std::vector<float>& q,
+                                   std::vector<float>& scores) {
+  const int64_t k = lattice.k;
+  const bool sampled = sampling_.temperature > 0 && sampling_.sample_proposals;
+  const auto temperature = static_cast<float>(sampling_.temperature);
+  std::vector<int64_t> path(lattice.positions);
+  scores.resize(lattice.positions * k);
+  q.assign(sampled ? lattice.positions * vocab : 0, 0.f);
+  int64_t chosen = 0;  // the index of the candidate chosen at the position before (none before the first: 0)
+  for (int64_t p = 0; p < lattice.positions; ++p) {
+    float* row = scores.data() + p * k;
+    const float* after = lattice.pair + (p * k + chosen) * k;
+    for (int64_t i = 0; i < k; ++i) row[i] = lattice.unary[p * k + i] + after[i];
+    if (sampled) {
+      p_.resize(k);
+      for (int64_t i = 0; i < k; ++i) p_[i] = row[i] / temperature;
+      softmax(p_);
+      chosen = draw(p_);
+      for (int64_t i = 0; i < k; ++i) q[p * vocab + lattice.candidates[p * k + i]] = p_[i];
+    } else {
+      chosen = argmax(row, 1, k)[0];
+    }
+    path[p] = lattice.candidates[p * k + chosen];
+  }
+  return path;
 }
 
 std::pair<int64_t, int64_t> Sampler::verify(const std::vector<int64_t>& proposals, const std::vector<float>& q,

@@ -392,3 +392,131 @@ def test_bad_dflash2_settings_are_one_line_errors(pair, monkeypatch):
     with pytest.raises(ValueError, match=r"^train_draft.variant=dflash2 convolves groups of 48 channels, which do not "
                                          r"divide the target's hidden size 256; use dflash$"):
         new_draft(pair[0], target, TrainConfig(num_layers=1, max_seq_len=64, variant="dflash2"))
+
+
+# ------------------------------------------------------- validate's sampled check through DFlash2 programs
+
+SUCCESSOR_SCALE = 100.0  # trained_dflash2_programs' successor codebook: pairwise scores of about 1.4 logits
+CHECK = dict(samples=400, prompts=3)  # validate.sampling for the DFlash2 checks below: 400 completions of 6 tokens
+
+
+@pytest.fixture(scope="module")
+def trained_dflash2_programs(programs, trained_pair, tmp_path_factory):
+    """`programs`' target.pte beside a DFlash2 draft.pte made of the trained draft: its layers as trained, its
+    convolutions the identity (as a new DFlash2 draft starts), and a random successor codebook whose pairwise scores
+    move some walks off each position's top logit. The target accepts its proposals (tau near 2 at validate's
+    settings), so the sampling rule's acceptance sees the walk's q; a random draft's (dflash2_programs) it rejects
+    nearly all, and a check through those tests the residual draws alone."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from dflash_et.checkpoints import zlab
+    from dflash_et.export.lower import ExportConfig, export_program
+    from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, built_once
+
+    def build(out):
+        shutil.copytree(programs, out / "programs")
+        config = json.loads((trained_pair[1] / "config.json").read_text())
+        config["dflash_config"] |= DFLASH2
+        config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
+        weights = zlab.init_draft_weights(config, seed=0) | load_file(trained_pair[1] / "model.safetensors")
+        shape = weights["candidate_selector.successor_codebook"].shape  # zero at init: a selector that adds nothing
+        weights["candidate_selector.successor_codebook"] = SUCCESSOR_SCALE * torch.randn(
+            shape, generator=torch.Generator().manual_seed(2))
+        zlab.save_draft(out / "draft", config, weights)
+        export_program("draft", trained_pair[0], out / "draft",
+                       ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK), out / "programs")
+
+    return built_once(tmp_path_factory, "trained-dflash2", build) / "programs"
+
+
+@pytest.fixture(scope="module")
+def trained_dflash2_loaded(trained_dflash2_programs):
+    from tests.test_sampled_programs import load
+
+    return load(trained_dflash2_programs)
+
+
+def test_sampled_dflash2_through_the_programs_has_the_targets_distribution(trained_dflash2_loaded, monkeypatch):
+    """validate's sampling check (same_distribution.check_sampling) through a DFlash2 draft.pte, both proposal modes:
+    every round's proposals are the lattice's walk (greedy with argmax proposals, q one-hot; drawn with sampled
+    ones, q its distributions), its pairwise scores move greedy walks off the top logits, the target accepts
+    proposals, and the tokens have target.pte's distribution (3 prompts x 2 modes x 6 tokens: 36 chi-square
+    tests). The next test shows the same check catching a walk whose q is not what it drew from."""
+    from dflash_et.runtime.sampling import Sampler
+    from tests.test_sampled_programs import check
+
+    walked, moved, right = Counter(), Counter(), Sampler.walk
+
+    def spy(self, lattice, vocab_size):
+        path, q, scores = right(self, lattice, vocab_size)
+        walked[self.sampling.proposals, q is None] += 1
+        moved[self.sampling.proposals] += path != lattice.candidates[:, 0].tolist()
+        return path, q, scores
+
+    monkeypatch.setattr(Sampler, "walk", spy)
+    report = check(trained_dflash2_loaded, **CHECK)
+    assert report["same_distribution"] and report["tests"] == 36, report
+    completions = CHECK["samples"] * CHECK["prompts"]
+    assert walked.keys() == {("argmax", True), ("sample", False)} and min(walked.values()) >= completions, walked
+    assert moved["argmax"] > 0.1 * walked["argmax", True], moved  # the pairwise scores choose paths
+    assert min(report["tau"].values()) > 1.5, report["tau"]  # proposals accepted: the rule saw q
+
+
+def test_validate_passes_on_dflash2_programs(trained_dflash2_programs, trained_pair):
+    """Every check of the validate stage through a DFlash2 draft.pte: its lattice against the eager draft's, greedy
+    DFlash at blocks 2, the largest and auto against plain greedy decoding, the sampling check (test size), with
+    proposals accepted in both modes."""
+    from dflash_et.evaluate.validate import validate
+    from tests.conftest import validate_config
+
+    report = validate(trained_dflash2_programs, trained_pair[0], trained_dflash2_programs.parent / "draft",
+                      validate_config(prompts=2, max_new_tokens=12))
+    assert report["failures"] == [] and report["lossless"] and report["sampling"]["same_distribution"], report
+    assert min(report["sampling"]["tau"].values()) > 1.5, report["sampling"]
+
+
+def on_vocabulary(lattice: Lattice, rows: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Distributions over each position's candidates [P, k] as q [P, V] (as Sampler.walk puts them)."""
+    return torch.zeros(len(rows), vocab_size).scatter_(1, lattice.candidates, rows)
+
+
+def drawn_hotter(self, lattice: Lattice, vocab_size: int):
+    """Sampled proposals drawn at 4 x the sampling temperature, q said at the sampling temperature."""
+    path, scores, _ = walk(lattice, 4 * self.sampling.temperature, self.generator)
+    return path, on_vocabulary(lattice, torch.softmax(scores / self.sampling.temperature, -1), vocab_size), scores
+
+
+def q_without_the_pair_term(self, lattice: Lattice, vocab_size: int):
+    """Sampled proposals drawn right, q from the candidates' logits alone (the walk's pairwise scores dropped)."""
+    path, scores, _ = walk(lattice, self.sampling.temperature, self.generator)
+    q = torch.softmax(lattice.unary / self.sampling.temperature, -1)
+    return path, on_vocabulary(lattice, q, vocab_size), scores
+
+
+def greedy_path_sampled_q(self, lattice: Lattice, vocab_size: int):
+    """Argmax proposals (the greedy walk) with the q a sampled walk would have had, not one-hot."""
+    path, scores, _ = walk(lattice)
+    return path, on_vocabulary(lattice, torch.softmax(scores / self.sampling.temperature, -1), vocab_size), scores
+
+
+WRONG_WALKS = {"q-at-the-temperature-drawn-at-4x": ("sample", drawn_hotter),
+               "q-without-the-pair-term": ("sample", q_without_the_pair_term),
+               "greedy-path-with-a-sampled-q": ("argmax", greedy_path_sampled_q)}
+
+
+@pytest.mark.parametrize("wrong", WRONG_WALKS)
+def test_the_sampling_check_catches_a_dflash2_walk_whose_q_is_wrong(trained_dflash2_loaded, monkeypatch, wrong):
+    """Sampler.walk replaced by one whose q is not the distribution its proposals were drawn from, in the proposal
+    mode it runs in (the check runs that mode alone): with the samples the test above takes, the check fails."""
+    from dflash_et.evaluate import same_distribution
+    from dflash_et.runtime.sampling import Sampler
+    from tests.test_sampled_programs import check
+
+    proposals, wrong_walk = WRONG_WALKS[wrong]
+    monkeypatch.setattr(Sampler, "walk", wrong_walk)
+    monkeypatch.setattr(same_distribution, "PROPOSALS", (proposals,))
+    report = check(trained_dflash2_loaded, **CHECK)
+    assert report["tests"] == 18 and not report["same_distribution"], report

@@ -25,13 +25,17 @@ from dflash_et.runtime.sampling import Sampler, Sampling
 SAMPLES = 500  # completions per prompt and proposal mode
 
 
-@pytest.fixture(scope="module")
-def loaded(programs):
-    """(target, draft) programs, the builtin prompts encoded, and the EOS and mask ids."""
-    pair = load_programs(programs)
-    tok = tokenizer(programs)
+def load(programs_dir) -> tuple:
+    """(target, draft) programs, the builtin prompts encoded, and their labels: what `check` takes."""
+    pair = load_programs(programs_dir)
+    tok = tokenizer(programs_dir)
     rows = builtin_prompts(3)
     return pair, [encode_chat(tok, r["prompt"]) for r in rows], [r["prompt"][:30] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def loaded(programs):
+    return load(programs)
 
 
 def check(loaded, **settings) -> dict:

@@ -126,6 +126,46 @@ def test_the_compute_budget_caps_the_steps(setup):
     assert planned_steps(TrainConfig(**{**config.__dict__, "compute_budget": 1.0}), draft) == 1
 
 
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_step_macs_is_what_a_training_step_multiplies(pair, variant):
+    """One training step (batch_loss and its backward) of a 2-layer draft, every row with a loss (the count's upper
+    bound) and no context taps (the step is all block rows): FlopCounterMode measures its matmuls, and step_macs is
+    that plus, by hand, 3 x the products no matmul makes per row: the taps' projection fc (the count charges it
+    per block row), the norms' weights, DFlash2's convolutions (2 layers x 2 around attention and MLP x 2 x K x H)
+    and its selector's rank-wide product. The selector's codebooks add nothing: looked up, not multiplied (counted
+    as weights, they made the built-in pair's DFlash2 step 1.08e10 instead of 7.55e9). Attention's products are
+    left out of the count, and FlopCounterMode does not see CPU attention either: only matmuls are summed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dflash_et.checkpoints.load import load_target
+    from dflash_et.training.train import DFLASH2, Batch, step_macs
+
+    rows, block = 24, 6
+    config = TrainConfig(num_layers=2, block_size=block, batch=1, anchors=rows // block, max_seq_len=128,
+                         variant=variant)
+    target = load_target(pair[0], [1], 128)
+    _, draft = new_draft(pair[0], target, config)
+    g = torch.Generator().manual_seed(0)
+
+    def words(n: int) -> torch.Tensor:
+        return torch.randint(0, target.args.vocab_size, (n,), generator=g)
+
+    blocks = torch.arange(rows) // block
+    batch = Batch(words(rows)[None], torch.zeros(1, 0, draft.fc.in_features), torch.zeros(0, dtype=torch.long),
+                  10 * blocks + torch.arange(rows) % block, blocks[:, None] == blocks[None, :], words(rows),
+                  torch.ones(rows), words(rows))
+    with FlopCounterMode(display=False) as counter:
+        batch_loss(draft, batch).backward()
+    flops = counter.get_flop_counts()["Global"]
+    measured = sum(n for op, n in flops.items() if str(op) in ("aten.mm", "aten.addmm", "aten.bmm")) // 2
+    norms = sum(p.numel() for name, p in draft.named_parameters() if name.endswith("norm.weight"))
+    dflash2 = variant == "dflash2"
+    convolutions = 2 * 2 * 2 * DFLASH2["conv_kernel_size"] * target.args.hidden_size if dflash2 else 0
+    selector = DFLASH2["selector_rank"] if dflash2 else 0
+    assert step_macs(config, draft) == measured + 3 * rows * (draft.fc.weight.numel() + norms + convolutions + selector)
+    assert ("aten.bmm" in map(str, flops)) == dflash2  # the selector's candidate scores were measured
+
+
 def test_loss_weights():
     w = loss_weights(16, 7.0)
     assert w.shape == (15,) and w[0] == 1.0 and math.isclose(w[7].item(), math.exp(-1.0), rel_tol=1e-6)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dflash_et.runtime.generate import TargetFn, generate_dflash
+from dflash_et.runtime.generate import Generation, TargetFn, generate_dflash, pooled_tau
 from dflash_et.runtime.programs import DraftProgram, TargetProgram
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling, distribution
 
@@ -161,7 +161,11 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
                    eos: set[int], mask_token_id: int, check: SamplingCheck) -> dict:
     """Sample `check.samples` completions per prompt with DFlash in each proposal mode, through the programs,
     and test each generated position's tokens against the counts target.pte's own distribution expects
-    after each completion's prefix (one target call per distinct completion gives all its prefixes)."""
+    after each completion's prefix (one target call per distinct completion gives all its prefixes).
+
+    `tau` (tokens per round, by mode) says how much the check tested the acceptance rule: near 1, the target
+    rejected almost every proposal, and the tokens came from the residual draws (a DFlash2 draft's walk then
+    shows in them through its q only); a wrong q or rule shows most where proposals are accepted."""
     target_p, draft_p = programs
     if not prompts:
         raise ValueError("the sampling check needs at least one prompt")
@@ -169,6 +173,7 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
     block = draft_p.meta.max_block_len
     reference = check.settings("argmax", check.seed)
     tests, worst_p, worst_where, max_tv, unexpected = 0, 1.0, None, 0.0, 0
+    generated: dict[str, list[Generation]] = {}  # each mode's, for its tau
     for n, (ids, label) in enumerate(zip(prompts[:check.prompts], labels)):
         seed = check.seed + 3 * n * check.samples  # every completion of every run its own seed
         # (a hybrid target's recurrent state cannot go back to the prompt's end: it prefills every time)
@@ -177,9 +182,11 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
         exact: dict[tuple[int, ...], torch.Tensor] = {}  # completion -> [len, V] probabilities, for both modes
         for m, proposals in enumerate(PROPOSALS, start=1):
             settings = check.settings(proposals, seed + m * check.samples)
-            runs = [tuple(generate_dflash(target, draft_p, ids, check.tokens, eos, max_seq_len, chunk, block,
-                                          mask_token_id, sampler=Sampler(replace(settings, seed=settings.seed + i))).tokens)
-                    for i in range(check.samples)]
+            generations = [generate_dflash(target, draft_p, ids, check.tokens, eos, max_seq_len, chunk, block,
+                                           mask_token_id, sampler=Sampler(replace(settings, seed=settings.seed + i)))
+                           for i in range(check.samples)]
+            runs = [tuple(g.tokens) for g in generations]
+            generated.setdefault(proposals, []).extend(generations)
             for c in runs:
                 if c not in exact:
                     exact[c] = distribution(conditionals(target_p, ids, list(c), chunk, once), reference)
@@ -199,4 +206,5 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
     return {"settings": {**reference.settings(), "proposals": list(PROPOSALS)},
             "samples": check.samples, "tokens": check.tokens, "block_size": block, "tests": tests,
             "min_p_value": worst_p, "where": worst_where, "threshold": threshold, "max_total_variation": max_tv,
-            "tokens_the_target_excludes": unexpected, "same_distribution": worst_p >= threshold}
+            "tokens_the_target_excludes": unexpected, "same_distribution": worst_p >= threshold,
+            "tau": {proposals: pooled_tau(runs) for proposals, runs in generated.items()}}

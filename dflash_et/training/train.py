@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm import tqdm
 
 from dflash_et.checkpoints import zlab
@@ -243,12 +244,26 @@ def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[
 
 def step_macs(config: TrainConfig, draft: Draft) -> float:
     """Multiply-accumulates of one training step, at most: per block row, the frozen head forward and its
-    input gradient (2 x vocab x hidden; rows without a loss skip it) and the draft's own weights forward
-    and backward (3 x params)."""
+    input gradient (2 x vocab x hidden; rows without a loss skip it) and, forward and backward (3 x), every
+    product with the draft's own weights: each parameter multiplies once per row (Linears, norms, and a DFlash2
+    convolution's base kernel, whose 2 x K x H entries are its two convolutions' K products per channel: the
+    input-dependent kernel is added to the base, not multiplied), except the selector's codebooks, rows looked
+    up, not multiplied (2 x vocab x rank entries, more than the rest of the draft for a real vocabulary). The
+    selector instead multiplies rank x (top-k + 1) per row (`selector_macs`). Attention's scores and values grow
+    with the context, not the rows, and stay out of the count, for both variants."""
     rows = config.batch * config.anchors * config.block_size
     head = draft.lm_head.weight.numel()
     own = sum(p.numel() for p in draft.parameters() if p.requires_grad)
-    return rows * (2 * head + 3 * own)
+    looked_up = sum(m.weight.numel() for m in draft.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad)
+    return rows * (2 * head + 3 * (own - looked_up + selector_macs(draft)))
+
+
+def selector_macs(draft: Draft) -> int:
+    """A DFlash2 selector's products per row in training (CandidateSelector.teacher_forced), beyond its hidden
+    projection (a Linear, counted as a weight): the predecessor's code times the projected hidden state (rank),
+    then that against each of the top-k candidates' codes (rank x top-k). 0 for a DFlash draft."""
+    selector = getattr(draft, "candidate_selector", None)
+    return 0 if selector is None else selector.hidden_projection.out_features * (selector.top_k + 1)
 
 
 def planned_steps(config: TrainConfig, draft: Draft) -> int:

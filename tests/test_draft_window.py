@@ -198,6 +198,8 @@ def test_train_draft_writes_the_window_into_the_draft(tmp_path, windowed):
 def test_windowed_programs_match_the_eager_pair_and_stay_lossless(windowed_programs, programs, trained_pair):
     """The exported draft takes only the taps its window reads (its caches ring buffers): the same logits as the
     eager draft through validate's calls, and DFlash through the programs is plain greedy decoding."""
+    from dflash_et.data.chat import encode_chat, tokenizer
+    from dflash_et.data.prompts import builtin_prompts
     from dflash_et.runtime.engine import Engine
     from tests.conftest import WINDOW, numerics, planned_arenas
 
@@ -207,6 +209,12 @@ def test_windowed_programs_match_the_eager_pair_and_stay_lossless(windowed_progr
     assert ring < full  # its KV caches hold WINDOW + block - 1 rows, not max_seq_len
     assert checked["worst"]["draft_rel"].value < 1e-4 and checked["token_agreement"] == 1.0
     engine = Engine(windowed_programs)
-    prompt = list(range(3, 3 + 3 * WINDOW))
-    out = engine.dflash(prompt, 40)
-    assert out.tokens == engine.ar(prompt, 40).tokens and sum(r.accepted for r in out.rounds) > 0
+    engine.eos_ids = set()  # every reply runs its 40 tokens, several windows past its prompt
+    tok = tokenizer(windowed_programs)
+    accepted = 0
+    for ids in (encode_chat(tok, r["prompt"]) for r in builtin_prompts(3)):  # the chats the pair was trained on
+        assert len(ids) > WINDOW
+        out = engine.dflash(ids, 40)
+        assert out.tokens == engine.ar(ids, 40).tokens
+        accepted += sum(r.accepted for r in out.rounds)
+    assert accepted > 0

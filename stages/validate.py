@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
     s = report["sampling"]
     print(f"[validate] sampled DFlash vs target.pte's distribution: {s['tests']} chi-square tests over {s['samples']} "
           f"completions each, smallest p-value {s['min_p_value']:.3g} (threshold {s['threshold']:.2g}), largest total variation "
-          f"{s['max_total_variation']:.3f}")
+          f"{s['max_total_variation']:.3f}; tau " + ", ".join(f"{mode} {tau:.2f}" for mode, tau in s["tau"].items()))
     t = report["transformers"]
     print(f"[validate] target.pte vs transformers: skipped ({t['skipped']})" if "skipped" in t else
           f"[validate] target.pte vs transformers: logits {t['logits_rel_err']:.2e}, taps {t['taps_rel_err']:.2e} "

@@ -340,6 +340,44 @@ def windowed_programs(programs, trained_pair, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "windowed", build) / "programs"
 
 
+DFLASH2 = dict(conv_kernel_size=4, conv_group_size=8, selector_rank=8, selector_top_k=6)  # the tests' DFlash2 drafts
+# trained_dflash2_programs' successor codebook: pairwise scores of about 1.4 logits, about a fifth of the walk's
+# choices off the top logit (eager: 68 of 354 at blocks 2, 5 and 8)
+SUCCESSOR_SCALE = 100.0
+
+
+@pytest.fixture(scope="session")
+def trained_dflash2_programs(programs, trained_pair, tmp_path_factory) -> Path:
+    """`programs`' target.pte beside a DFlash2 draft.pte made of the trained draft: its layers as trained, its
+    convolutions the identity (as a new DFlash2 draft starts), and a random successor codebook whose pairwise scores
+    move some walks off each position's top logit. The target accepts its proposals about as often as the DFlash
+    draft's (a random draft's it rejects nearly all, which hides bugs), and a walk that left the pairwise scores out
+    would propose other tokens."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from dflash_et.checkpoints import zlab
+    from dflash_et.export.lower import ExportConfig, export_program
+
+    def build(out: Path) -> None:
+        shutil.copytree(programs, out / "programs")
+        config = json.loads((trained_pair[1] / "config.json").read_text())
+        config["dflash_config"] |= DFLASH2
+        config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
+        weights = zlab.init_draft_weights(config, seed=0) | load_file(trained_pair[1] / "model.safetensors")
+        shape = weights["candidate_selector.successor_codebook"].shape  # zero at init: a selector that adds nothing
+        weights["candidate_selector.successor_codebook"] = SUCCESSOR_SCALE * torch.randn(
+            shape, generator=torch.Generator().manual_seed(2))
+        zlab.save_draft(out / "draft", config, weights)
+        export_program("draft", trained_pair[0], out / "draft",
+                       ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK), out / "programs")
+
+    return built_once(tmp_path_factory, "trained-dflash2", build) / "programs"
+
+
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory) -> Path:
     """dflash_runner, built once per test run (by the first worker to ask) as `make runner` builds it."""

@@ -12,11 +12,8 @@ from dflash_et.checkpoints.zlab import draft_settings
 from dflash_et.errors import CheckpointError
 from dflash_et.models.dflash2 import convolve
 from dflash_et.runtime.sampling import Lattice, walk
-from tests.conftest import random_draft
+from tests.conftest import DFLASH2, random_draft
 from tests.test_generate import models, prompts  # noqa: F401  (fixtures: the built-in random pair, its prompts)
-
-DFLASH2 = dict(conv_kernel_size=4, conv_group_size=8, selector_rank=8, selector_top_k=6)
-
 
 @pytest.fixture(scope="module")
 def dflash2(pair, tmp_path_factory):
@@ -396,40 +393,7 @@ def test_bad_dflash2_settings_are_one_line_errors(pair, monkeypatch):
 
 # ------------------------------------------------------- validate's sampled check through DFlash2 programs
 
-SUCCESSOR_SCALE = 100.0  # trained_dflash2_programs' successor codebook: pairwise scores of about 1.4 logits
 CHECK = dict(samples=400, prompts=3)  # validate.sampling for the DFlash2 checks below: 400 completions of 6 tokens
-
-
-@pytest.fixture(scope="module")
-def trained_dflash2_programs(programs, trained_pair, tmp_path_factory):
-    """`programs`' target.pte beside a DFlash2 draft.pte made of the trained draft: its layers as trained, its
-    convolutions the identity (as a new DFlash2 draft starts), and a random successor codebook whose pairwise scores
-    move some walks off each position's top logit. The target accepts its proposals (tau near 2 at validate's
-    settings), so the sampling rule's acceptance sees the walk's q; a random draft's (dflash2_programs) it rejects
-    nearly all, and a check through those tests the residual draws alone."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file
-
-    from dflash_et.checkpoints import zlab
-    from dflash_et.export.lower import ExportConfig, export_program
-    from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, built_once
-
-    def build(out):
-        shutil.copytree(programs, out / "programs")
-        config = json.loads((trained_pair[1] / "config.json").read_text())
-        config["dflash_config"] |= DFLASH2
-        config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
-        weights = zlab.init_draft_weights(config, seed=0) | load_file(trained_pair[1] / "model.safetensors")
-        shape = weights["candidate_selector.successor_codebook"].shape  # zero at init: a selector that adds nothing
-        weights["candidate_selector.successor_codebook"] = SUCCESSOR_SCALE * torch.randn(
-            shape, generator=torch.Generator().manual_seed(2))
-        zlab.save_draft(out / "draft", config, weights)
-        export_program("draft", trained_pair[0], out / "draft",
-                       ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK), out / "programs")
-
-    return built_once(tmp_path_factory, "trained-dflash2", build) / "programs"
 
 
 @pytest.fixture(scope="module")

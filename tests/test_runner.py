@@ -147,42 +147,8 @@ def prompts(programs):
     return [encode_chat(tok, r["prompt"]) for r in builtin_prompts(6)]
 
 
-# dflash2_programs' successor codebook: about a fifth of the walk's choices move off the top logit (eager: 68 of
-# 354 at blocks 2, 5 and 8), its proposals accepted about as often as the DFlash draft's
-SUCCESSOR_SCALE = 100.0
-
-
-@pytest.fixture(scope="module")
-def dflash2_programs(programs, trained_pair, tmp_path_factory) -> Path:
-    """`programs`' target.pte beside a DFlash2 draft.pte made of the trained draft: its layers as trained, its
-    convolutions the identity (as a new DFlash2 draft starts), and a selector whose pairwise scores move some of the
-    walk's choices off each position's top logit. So its rounds accept proposals (a random draft's accept almost
-    none, which hides bugs), and a walk that left the pairwise scores out would propose other tokens."""
-    from safetensors.torch import load_file
-
-    from dflash_et.checkpoints import zlab
-    from dflash_et.export.lower import ExportConfig, export_program
-    from tests.conftest import PREFILL_CHUNK, built_once
-    from tests.test_dflash2 import DFLASH2
-
-    def build(out: Path) -> None:
-        shutil.copytree(programs, out / "programs")
-        config = json.loads((trained_pair[1] / "config.json").read_text())
-        config["dflash_config"] |= DFLASH2
-        config["architectures"] = [zlab.ARCHITECTURES["dflash2"]]
-        weights = zlab.init_draft_weights(config, seed=0) | load_file(trained_pair[1] / "model.safetensors")
-        successors = weights["candidate_selector.successor_codebook"]  # zero at init: a selector that adds nothing
-        weights["candidate_selector.successor_codebook"] = SUCCESSOR_SCALE * torch.randn(
-            successors.shape, generator=torch.Generator().manual_seed(2))
-        zlab.save_draft(out / "draft", config, weights)
-        export_program("draft", trained_pair[0], out / "draft",
-                       ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK), out / "programs")
-
-    return built_once(tmp_path_factory, "dflash2-trained", build) / "programs"
-
-
 @pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs", "single_programs",
-                                  "windowed_programs", "dflash2_programs"])
+                                  "windowed_programs", "trained_dflash2_programs"])
 def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
     """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single), a draft with a
     context window, a DFlash2 draft (its proposals walked through its lattice): plain and DFlash at several
@@ -348,7 +314,7 @@ def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prom
         CppEngine(programs, runner, cost_curve=path)
 
 
-@pytest.mark.parametrize("kind", ["programs", "dflash2_programs"])
+@pytest.mark.parametrize("kind", ["programs", "trained_dflash2_programs"])
 def test_runner_samples_the_targets_distribution(kind, request, runner, prompts):
     """Sampled plain decoding and sampled DFlash (both proposal modes; a DFlash2 draft's walk greedy or drawn)
     through the runner against plain sampling by the Python engine: per generated position, the chi-square test
@@ -415,13 +381,13 @@ def test_the_runners_walk_through_a_lattice_is_sampling_pys(runner):
     assert chi_square(seen, expected)[2] > 1e-3
 
 
-def test_greedy_dflash2_through_the_runner_is_plain_greedy_decoding(dflash2_programs, runner, prompts, monkeypatch):
+def test_greedy_dflash2_through_the_runner_is_plain_greedy_decoding(trained_dflash2_programs, runner, prompts, monkeypatch):
     """Token for token at blocks 2, 5, the largest and auto (its planner reading the walked path's scores); and the
     walk decides the rounds: the same draft with its pairwise scores left out (each position's top logit, through
     the Python engine) makes other ones."""
-    python = Engine(dflash2_programs)
+    python = Engine(trained_dflash2_programs)
     blocks = (2, 5, python.max_block_size)
-    with CppEngine(dflash2_programs, runner, threads=1) as cpp:
+    with CppEngine(trained_dflash2_programs, runner, threads=1) as cpp:
         ours = {(i, b): cpp.dflash(ids, 24, b) for i, ids in enumerate(prompts[:4]) for b in blocks}
         cpp.cost_curve(repeats=1)
         auto = [cpp.dflash(ids, 24, "auto") for ids in prompts[:4]]

@@ -7,7 +7,7 @@ becomes its dataclass through the one parser (dflash_et.params.parse) in the sta
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -27,12 +27,15 @@ class Model:
     draft_embed_scale: float | None = None
 
 
-def params() -> dict:
-    """params.yaml, its sections those of `SECTIONS` (another is refused in one line), `model` parsed (a `Model`),
-    and every prompt set left at `auto` resolved for `model.target` (see prompt_set)."""
+def params(target: str | None = None) -> dict:
+    """params.yaml, its sections those of `SECTIONS` (another is refused in one line), `model` parsed (a `Model`;
+    `target`, when given, replaces model.target), and every prompt set left at `auto` resolved for model.target
+    (see prompt_set)."""
     p = yaml.safe_load(PARAMS.read_text()) or {}
     check_keys(p, SECTIONS, "")
     p["model"] = parse(Model, p.get("model"), "model")
+    if target:
+        p["model"] = replace(p["model"], target=target)
     for section, key in (("train_draft", "prompts"), ("validate", "prompt_set"), ("bench", "prompts")):
         if (p.get(section) or {}).get(key) == "auto":
             p[section][key] = prompt_set(str(p["model"].target))

@@ -109,6 +109,16 @@ def test_the_draft_trains_at_the_positions_its_program_holds(repo_params):
     assert train_config(repo_params).max_seq_len == 4096
 
 
+def test_a_given_target_replaces_model_target_and_its_auto_prompt_sets(tmp_path, monkeypatch):
+    (tmp_path / "params.yaml").write_text("model: {target: builtin}\nbench: {prompts: auto}\n"
+                                          "train_draft: {prompts: auto}\nvalidate: {prompt_set: builtin}\n")
+    monkeypatch.chdir(tmp_path)
+    assert common.params()["bench"]["prompts"] == "builtin"
+    p = common.params("smollm2")
+    assert p["model"].target == "smollm2" and p["bench"]["prompts"] == p["train_draft"]["prompts"] == "assistant"
+    assert p["validate"]["prompt_set"] == "builtin"  # set, not auto
+
+
 def test_an_unknown_section_is_refused_in_one_line(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text("block_size: 16\nbnech: {num_prompts: 2}\n")
     monkeypatch.chdir(tmp_path)

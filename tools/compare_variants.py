@@ -2,9 +2,10 @@
 
     python -m tools.compare_variants OUT_DIR [--target SPEC] [--variants dflash dflash2]
 
-Fetches the target (`--target`, default params.yaml's model.target), trains one draft per `train_draft.variant`
-with params.yaml's train_draft section otherwise unchanged (the same replies, seed and compute budget:
-`train.planned_steps` charges each variant what its step multiplies), exports the target once and each draft
+Fetches the target (`--target`, default params.yaml's model.target; prompt sets left at `auto` follow it),
+trains one draft per `train_draft.variant` with params.yaml's train_draft section otherwise unchanged (the same
+replies, seed and compute budget: `train.planned_steps` charges each variant what its step multiplies), exports
+the target once and each draft
 beside it with the export section, and runs the bench section on each pair of programs in this one process, one
 variant after the other. Writes OUT_DIR/compare.json (per variant: held-out tau and steps from training, bench's
 tau and speedup overall and per category, auto's, the draft's and verify's ms per round, lossless) and prints a
@@ -99,9 +100,9 @@ def main() -> None:
     parser.add_argument("--target", help="a model.target spec (default: params.yaml's)")
     parser.add_argument("--variants", nargs="+", default=list(zlab.ARCHITECTURES), choices=list(zlab.ARCHITECTURES))
     args = parser.parse_args()
-    p = params()
+    p = params(args.target)  # prompt sets left at auto follow the target
     try:
-        results = compare(args.out, args.target or str(p["model"].target), args.variants, p)
+        results = compare(args.out, str(p["model"].target), args.variants, p)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     print("\n".join(table(results)))

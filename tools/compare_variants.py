@@ -8,7 +8,7 @@ replies, seed and compute budget: `train.planned_steps` charges each variant wha
 the target once and each draft
 beside it with the export section, and runs the bench section on each pair of programs in this one process, one
 variant after the other. Writes OUT_DIR/compare.json (per variant: held-out tau and steps from training, bench's
-tau and speedup overall and per category, auto's, the draft's and verify's ms per round, lossless) and prints a
+tau and speedup overall, per category and per fixed block, auto's, the draft's and verify's ms per round, lossless) and prints a
 table. Each step's output stays in OUT_DIR and a rerun with the same settings reuses it (a long run that failed
 late resumes); other settings are refused, in one line. Nothing here is a pipeline stage: it is how
 docs/measurements.md's DFlash/DFlash2 figures were measured.
@@ -32,8 +32,9 @@ from dflash_et.training.train import train_draft
 from stages.common import params
 from stages.fetch_draft import train_config
 
-REPORTED = ("tau", "speedup", "tau_by_category", "speedup_by_category", "tau_auto", "speedup_auto",
-            "speedup_auto_by_category", "draft_ms_per_round", "verify_ms_per_round", "ar_ms_per_token", "lossless")
+REPORTED = ("tau", "speedup", "tau_by_category", "speedup_by_category", "tau_by_block", "speedup_by_block",
+            "tau_auto", "speedup_auto", "speedup_auto_by_category", "draft_ms_per_round", "verify_ms_per_round",
+            "ar_ms_per_token", "lossless")
 
 
 def once(out: Path, make) -> Path:
@@ -84,6 +85,9 @@ def table(results: dict) -> list[str]:
     categories = sorted({c for r in results.values() for c in r.get("tau_by_category", {})})
     rows += [(f"tau, {c}", ("tau_by_category", c)) for c in categories]
     rows += [(f"speedup, {c}", ("speedup_by_category", c)) for c in categories]
+    blocks = sorted({b for r in results.values() for b in r.get("tau_by_block", {})}, key=int)
+    rows += [(f"tau, block {b}", ("tau_by_block", b)) for b in blocks]
+    rows += [(f"speedup, block {b}", ("speedup_by_block", b)) for b in blocks]
 
     def value(result: dict, key) -> str:
         v = result.get(key[0], {}).get(key[1]) if isinstance(key, tuple) else result.get(key)

@@ -24,14 +24,21 @@ def convolve(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group: 
     `dynamic` [1, R, K, H / group] per channel group. `rows_see` [R, R] (training's packed blocks: which rows
     share a block) cuts the sum at each block's start; None: the rows are one block."""
     r, h = x.shape[1], x.shape[2]
-    out = x * (base[0] + dynamic[:, :, 0].repeat_interleave(group, dim=-1))
+
+    def tap(rows: torch.Tensor, o: int) -> torch.Tensor:
+        # the group's factor broadcast over its channels, not copied out to every channel (a copy per tap cost
+        # the exported draft more than its convolutions' products)
+        grouped = rows.reshape(1, r, h // group, group) * dynamic[:, :, o, :, None]
+        return rows * base[o] + grouped.reshape(1, r, h)
+
+    out = tap(x, 0)
     for o in range(1, base.shape[0]):
         shifted = F.pad(x, (0, 0, o, 0))[:, :r]  # row r holds x[r - o], zeros before the first row
         if rows_see is not None:  # and zeros where row r - o is in another block
             same = F.pad(torch.diagonal(rows_see, -o), (o, 0)).to(x.dtype)
             shifted = shifted * same[None, :, None]
-        out = out + shifted * (base[o] + dynamic[:, :, o].repeat_interleave(group, dim=-1))
-    return out.view(1, r, h)
+        out = out + tap(shifted, o)
+    return out
 
 
 class GroupedCausalConv(nn.Module):

@@ -5,13 +5,13 @@
 Fetches the target (`--target`, default params.yaml's model.target; prompt sets left at `auto` follow it),
 trains one draft per `train_draft.variant` with params.yaml's train_draft section otherwise unchanged (the same
 replies, seed and compute budget: `train.planned_steps` charges each variant what its step multiplies), exports
-the target once and each draft
-beside it with the export section, and runs the bench section on each pair of programs in this one process, one
+each draft and the target beside it with the export section (the same target program for both: their drafts tap
+the same layers at the same block), and runs the bench section on each pair of programs in this one process, one
 variant after the other. Writes OUT_DIR/compare.json (per variant: held-out tau and steps from training, bench's
-tau and speedup overall, per category and per fixed block, auto's, the draft's and verify's ms per round, lossless) and prints a
-table. Each step's output stays in OUT_DIR and a rerun with the same settings reuses it (a long run that failed
-late resumes); other settings are refused, in one line. Nothing here is a pipeline stage: it is how
-docs/measurements.md's DFlash/DFlash2 figures were measured.
+tau and speedup overall, per category and per fixed block, auto's, the draft's and verify's ms per round,
+lossless) and prints a table. Each step's output stays in OUT_DIR and a rerun with the same settings reuses it (a
+long run that failed late resumes); other settings are refused, in one line. Nothing here is a pipeline stage: it
+is how docs/measurements.md's DFlash/DFlash2 figures were measured.
 """
 
 import argparse

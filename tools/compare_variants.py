@@ -5,8 +5,8 @@
 Fetches the target (`--target`, default params.yaml's model.target; prompt sets left at `auto` follow it),
 trains one draft per `train_draft.variant` with params.yaml's train_draft section otherwise unchanged (the same
 replies, seed and compute budget: `train.planned_steps` charges each variant what its step multiplies), exports
-each draft and the target beside it with the export section (the same target program for both: their drafts tap
-the same layers at the same block), and runs the bench section on each pair of programs in this one process, one
+the target once (its program depends on the layers its drafts tap and their block, which the variants share) and
+each draft with the export section, and runs the bench section on each pair of programs in this one process, one
 variant after the other. Writes OUT_DIR/compare.json (per variant: held-out tau and steps from training, bench's
 tau and speedup overall, per category and per fixed block, auto's, the draft's and verify's ms per round,
 lossless) and prints a table. Each step's output stays in OUT_DIR and a rerun with the same settings reuses it (a
@@ -29,7 +29,7 @@ from dflash_et.export.package import package
 from dflash_et.files import staged_dir, write_json
 from dflash_et.params import parse
 from dflash_et.training.train import train_draft
-from stages.common import params
+from stages.common import params, run
 from stages.fetch_draft import train_config
 
 REPORTED = ("tau", "speedup", "tau_by_category", "speedup_by_category", "tau_by_block", "speedup_by_block",
@@ -56,15 +56,16 @@ def compare(out: Path, target: str, variants: list[str], p: dict) -> dict:
     bench_config = parse(bench.BenchConfig, p.get("bench"), "bench")
     export_config = ExportConfig.from_params({k: v for k, v in p["export"].items() if k != "gguf"})
     target_dir = once(out / "target", lambda d: fetch("target", target, d))
+    drafts = {variant: once(out / variant / "draft", lambda d: fetch(
+        "draft", "train", d, target_dir=target_dir, embed_scale=p["model"].draft_embed_scale,
+        train=partial(train_draft, config=replace(train_config(p), variant=variant)))) for variant in variants}
+    # one target program for all: it depends on its drafts' tapped layers and block, which the variants share
+    target_build = once(out / "build" / "target", lambda d: export_program("target", target_dir, drafts[variants[0]],
+                                                                           export_config, d))
     results = {}
-    for variant in variants:
-        config = replace(train_config(p), variant=variant)
-        draft_dir = once(out / variant / "draft", lambda d: fetch(
-            "draft", "train", d, target_dir=target_dir, train=partial(train_draft, config=config),
-            embed_scale=p["model"].draft_embed_scale))
-        builds = [once(out / variant / "build" / kind, lambda d: export_program(kind, target_dir, draft_dir,
-                                                                                export_config, d))
-                  for kind in PROGRAM_KINDS]
+    for variant, draft_dir in drafts.items():
+        builds = [target_build] + [once(out / variant / "build" / kind, lambda d: export_program(
+            kind, target_dir, draft_dir, export_config, d)) for kind in PROGRAM_KINDS if kind != "target"]
         programs = once(out / variant / "programs", lambda d: package(builds, d, target_dir))
         trained = json.loads((draft_dir / "train_draft.json").read_text())
         metrics, _, _ = bench.run_bench(programs, p["block_size"], bench_config)
@@ -98,20 +99,17 @@ def table(results: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--target", help="a model.target spec (default: params.yaml's)")
     parser.add_argument("--variants", nargs="+", default=list(zlab.ARCHITECTURES), choices=list(zlab.ARCHITECTURES))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     p = params(args.target)  # prompt sets left at auto follow the target
-    try:
-        results = compare(args.out, str(p["model"].target), args.variants, p)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
+    results = compare(args.out, str(p["model"].target), args.variants, p)
     print("\n".join(table(results)))
     print(f"settings: {json.dumps(asdict(parse(bench.BenchConfig, p.get('bench'), 'bench')))}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

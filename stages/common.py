@@ -50,13 +50,15 @@ def prompt_set(target: str) -> str:
 
 def show_progress() -> None:
     """The library reports progress through `logging` (a long export, llama.cpp's first build); a stage shows
-    dflash_et's INFO lines on stdout, tagged with their module (`[lower] lowering target ...`)."""
+    dflash_et's INFO lines on stdout, tagged with their module (`[lower] lowering target ...`), once: not also
+    through the root logger, which a dependency configures on import (a second `INFO:dflash_et...` copy)."""
     log = logging.getLogger("dflash_et")
     if not log.handlers:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("[%(module)s] %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def run(main: Callable[[list[str]], None]) -> None:

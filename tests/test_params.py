@@ -147,3 +147,15 @@ def test_each_stage_refuses_an_unknown_key_of_its_section_in_one_line(tmp_path, 
         common.run(importlib.import_module(stage).main)
     assert str(e.value).startswith(f"error: {section}.colour is not a setting; the {section} section takes ")
     assert "\n" not in str(e.value) and sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_a_stage_prints_each_progress_line_once_when_a_dependency_configured_logging(tmp_path):
+    """Some dependency configures the root logger on import (`make repro` printed every `[lower]` line twice, the
+    second as `INFO:dflash_et.export.lower:...`); the stage's own handler is the only one that prints it."""
+    import subprocess
+
+    code = ("import logging; logging.basicConfig(level=logging.INFO); from stages.common import show_progress; "
+            "show_progress(); logging.getLogger('dflash_et.export.lower').info('lowering target')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert [line for line in (out.stdout + out.stderr).splitlines() if "lowering target" in line] == \
+        ["[<string>] lowering target"]

@@ -1,11 +1,26 @@
 """dflash-et: build, validate and benchmark DFlash speculative decoding as ExecuTorch programs."""
 
+import logging
+import sys
 import warnings
 
 from dflash_et.threads import single_threaded_openmp
 
 single_threaded_openmp()
+
+
+def _has_cuda() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
+
+
 # deprecations inside ExecuTorch's custom ops and torch's pytree, printed once per program call traced (34 and
 # 18 lines of a `dvc repro` log): nothing a user of this project can act on
 warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning)
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+# printed by every command before its first line of output (4 lines a stage): torchao's CUDA-only kernel
+# libraries, which a CPU build of torch cannot load, and torchao registering its enums with torch's pytree
+logging.getLogger("torchao").addFilter(
+    lambda r: not (r.getMessage().startswith("Failed to load") and "_C_" in r.getMessage() and not _has_cuda()))
+logging.getLogger("torch.utils._pytree").addFilter(
+    lambda r: "is an Enum subclass and is now natively supported" not in r.getMessage())

@@ -1,4 +1,5 @@
-"""OpenMP defaults for processes that run programs (see dflash_et/threads.py for the measurement)."""
+"""What importing dflash_et does to a process: OpenMP defaults for processes that run programs (see
+dflash_et/threads.py for the measurement), and the dependencies' import-time lines it keeps quiet."""
 
 import os
 import subprocess
@@ -37,3 +38,12 @@ def test_all_cores_gives_the_threads_back_even_on_error():
         assert torch.get_num_threads() == len(os.sched_getaffinity(0))
         raise RuntimeError("training failed")
     assert torch.get_num_threads() == before
+
+
+def test_importing_dflash_et_keeps_torchaos_import_lines_out_of_a_commands_output():
+    """A CPU build of torch cannot load torchao's CUDA kernel libraries, and torchao registers its enums with a
+    deprecated pytree call: 4 lines before every command's first line of output, none a user can act on."""
+    out = python("import dflash_et, torchao, logging; logging.getLogger('torchao').warning('Failed to load kernels')")
+    quiet = ("_C_mxfp8", "_C_cutlass", "is an Enum subclass")
+    assert not [line for line in out.stderr.splitlines() if any(q in line for q in quiet)]
+    assert "Failed to load kernels" in out.stderr  # torchao's other warnings still show

@@ -23,7 +23,7 @@ class Model:
     """The `model` section of params.yaml (what each takes: its comments there)."""
 
     target: str = "builtin"
-    draft: str = "train"
+    draft: str = "auto"
     draft_embed_scale: float | None = None
 
 

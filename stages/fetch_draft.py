@@ -1,6 +1,6 @@
 """fetch_draft stage: `python -m stages.fetch_draft TARGET_DIR OUT LIVE_DIR` puts the draft named by
 model.draft at OUT, checked against the target; `model.draft: train` trains one for it (the train_draft
-section), logging to LIVE_DIR with DVCLive (its metrics.json is the stage's metric; a draft that was
+section), and `auto` does when no draft in drafts/ was trained for it, logging to LIVE_DIR with DVCLive (its metrics.json is the stage's metric; a draft that was
 not trained here gets `{"trained": false}`)."""
 
 from functools import partial

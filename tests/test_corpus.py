@@ -4,7 +4,8 @@ import pytest
 
 from dflash_et.data.corpus import CATEGORIES, samples, split_of
 from dflash_et.data.prompts import builtin_prompts, text_of
-from dflash_et.training.train import TrainConfig, long_rows, training_prompts, with_long_rows
+from dflash_et.training.data import long_rows, training_prompts, with_long_rows
+from dflash_et.training.train import TrainConfig
 
 
 def test_samples_are_seeded():
@@ -68,12 +69,12 @@ def test_long_prompts_in_training_come_from_the_train_split_and_a_bad_share_is_r
 
 
 def test_prompts_too_long_for_the_programs_are_left_out_and_none_fitting_is_refused():
-    from dflash_et.training.train import _fitting
+    from dflash_et.training.data import fitting
 
     config, said = TrainConfig(max_seq_len=10, max_new_tokens=4), []
-    assert _fitting([[1] * 6, [1] * 7, [1] * 2], config, "training", said.append) == [[1] * 6, [1] * 2]
+    assert fitting([[1] * 6, [1] * 7, [1] * 2], config, "training", said.append) == [[1] * 6, [1] * 2]
     assert said == ["[train_draft] 1 of 3 training prompts left out: longer than export.max_seq_len=10 leaves room "
                     "for with a 4-token reply"]
     with pytest.raises(ValueError, match=r"^no held-out prompt of train_draft.prompts=builtin fits export.max_seq_len=10 "
                                          r"with a 4-token reply; raise export.max_seq_len or use shorter prompts$"):
-        _fitting([[1] * 7], config, "held-out", said.append)
+        fitting([[1] * 7], config, "held-out", said.append)

@@ -322,7 +322,9 @@ def test_training_rows_are_scored_after_their_true_predecessor_and_the_loss_adds
     selector's cross-entropy over each row's candidates (rows whose label is not a candidate add nothing)."""
     import torch.nn.functional as F
 
-    from dflash_et.training.train import Sequence, TrainConfig, batch_loss, new_draft, pack
+    from dflash_et.training.blocks import batch_loss, pack
+    from dflash_et.training.data import Sequence
+    from dflash_et.training.train import TrainConfig, new_draft
 
     target = load_target(pair[0], [1], 128)
     _, draft = new_draft(pair[0], target, TrainConfig(num_layers=1, block_size=6, max_seq_len=128, variant="dflash2"))

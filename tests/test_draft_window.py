@@ -146,7 +146,8 @@ def test_decoding_feeds_a_windowed_draft_only_what_it_reads(windowed):
 
 def test_training_with_a_window_sees_only_the_window(windowed):
     """Training's packed blocks go through the same masks: a tap older than the window moves no logit."""
-    from dflash_et.training.train import Sequence, pack
+    from dflash_et.training.blocks import pack
+    from dflash_et.training.data import Sequence
 
     target, draft, settings = load_pair(*windowed, max_seq_len=64)
     width = len(settings.target_layer_ids) * target.args.hidden_size
@@ -168,7 +169,8 @@ def test_training_with_a_window_sees_only_the_window(windowed):
 
 
 def test_training_packs_only_the_taps_a_window_reads_and_the_loss_is_the_same(windowed):
-    from dflash_et.training.train import Sequence, batch_loss, pack
+    from dflash_et.training.blocks import batch_loss, pack
+    from dflash_et.training.data import Sequence
 
     target, draft, settings = load_pair(*windowed, max_seq_len=96)
     width = len(settings.target_layer_ids) * target.args.hidden_size

@@ -1,29 +1,90 @@
-"""Train a DFlash draft for a local target outside the pipeline: `python -m tools.train_draft TARGET_DIR OUT_DIR`.
+"""Train a DFlash draft for any target, outside the pipeline, on a GPU when there is one:
+`python -m tools.train_draft TARGET OUT [--minutes M] [--device auto|cpu|cuda] [--set KEY=VALUE ...]`.
 
-The pipeline trains one in its `fetch_draft` stage when `model.draft: train`; this takes the same settings (the
-`train_draft` section of params.yaml) for any target checkpoint on disk. Under `torchrun --nproc_per_node=N -m
+TARGET is fetched as the pipeline fetches model.target: a `.gguf` file, a Hugging Face checkpoint directory,
+or a built-in name (`builtin`, `smollm2`, ...). The settings are params.yaml's train_draft section (with
+export.max_seq_len, the positions it trains at), then each `--set` (`--set synthetic_prompts=20000`). It needs
+only torch, transformers, safetensors, tokenizers and PyYAML (gguf for a .gguf target): no ExecuTorch and no DVC,
+which a bare GPU machine lacks. OUT gets the draft in z-lab's layout and its card, train_draft.json, with what
+the pipeline's copy leaves out: seconds per phase, throughput, the device, the versions and this command. Ship
+it as drafts/<name>/ and `model.draft: auto` takes it for that target. Under `torchrun --nproc_per_node=N -m
 tools.train_draft ...` it trains data-parallel; only rank 0 writes.
 """
 
+import argparse
+import importlib.metadata
 import os
+import shlex
+import sys
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
-from dflash_et.files import staged_dir
+import yaml
+
+from dflash_et.checkpoints.fetch import fetch
+from dflash_et.files import staged_dir, write_json
+from dflash_et.training.config import training_device
 from dflash_et.training.train import train_draft
 from stages.common import params, run
 from stages.fetch_draft import train_config
 
+
+def settings(target: str, sets: list[str], minutes: float | None, device: str | None):
+    """params.yaml's train_draft section for `target` (prompt sets at `auto` follow it), each KEY=VALUE of `sets`
+    over it (a YAML value; an unknown key is refused in one line by the section's parser)."""
+    p = params(target)
+    section = dict(p.get("train_draft") or {})
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--set {item!r} is not KEY=VALUE; for example --set synthetic_prompts=20000")
+        section[key] = yaml.safe_load(value)
+    section |= {k: v for k, v in (("minutes", minutes), ("device", device)) if v is not None}
+    return train_config({**p, "train_draft": section})
+
+
+def to_bf16(path: Path) -> None:
+    """The draft's weights rounded to bf16 in place (trained in fp32; the card's held-out tau is the fp32 draft's)."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({k: v.bfloat16() for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+
+
 def main(argv: list[str]) -> None:
-    target_dir, out_dir = map(Path, argv)
-    p = params()
-    config = train_config(p)
-    if int(os.environ.get("RANK", "0")) != 0:
-        with tempfile.TemporaryDirectory() as scratch:
-            train_draft(target_dir, Path(scratch), config)
-        return
-    with staged_dir(out_dir) as tmp:
-        train_draft(target_dir, tmp, config)
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", help="a .gguf file, a checkpoint directory, or a built-in name (smollm2, builtin)")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--minutes", type=float, help="wall clock of the whole command (train_draft.minutes)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="train_draft.device")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train_draft setting")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="the saved weights' (bf16: half the size, how a draft ships in drafts/)")
+    args = parser.parse_args(argv)
+    config = settings(args.target, args.set, args.minutes, args.device)
+    training_device(config)  # refused before the target is fetched
+    with tempfile.TemporaryDirectory(prefix="train-draft-target.") as scratch:
+        target_dir = Path(scratch) / "target"
+        fetch("target", args.target, target_dir)
+        fetched = time.perf_counter() - started
+        if config.minutes is not None:
+            config = replace(config, minutes=config.minutes - fetched / 60)
+        if int(os.environ.get("RANK", "0")) != 0:
+            train_draft(target_dir, Path(scratch) / "draft", config)
+            return
+        with staged_dir(args.out) as tmp:
+            card = train_draft(target_dir, tmp, config, live_dir=Path(scratch) / "dvclive")
+            card["timings"]["seconds"] = {"fetching target": round(fetched, 2), **card["timings"]["seconds"],
+                                          "total": round(time.perf_counter() - started, 2)}
+            card["versions"] = {"python": sys.version.split()[0], **{
+                name: importlib.metadata.version(name) for name in ("torch", "transformers")}}
+            card["command"] = shlex.join(["python", "-m", "tools.train_draft", *argv])
+            card["weights_dtype"] = args.dtype
+            if args.dtype == "bf16":
+                to_bf16(tmp / "model.safetensors")
+            write_json(tmp / "train_draft.json", card)
 
 
 if __name__ == "__main__":

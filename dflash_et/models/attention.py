@@ -67,7 +67,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def allowed(spec: AttentionSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """[T, S] bool: which keys each query may see under the layer's causality and window."""
-    ok = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool)
+    ok = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
     if spec.causal:
         ok = ok & (k_pos[None, :] <= q_pos[:, None])
     if spec.window is not None:

@@ -1,0 +1,107 @@
+"""A training step's data: blocks of anchors drawn from the target's replies, packed into one `Draft.forward`
+call with the visibility each row has in decoding, and the loss on them.
+
+Per sequence, anchor positions are sampled; each training block is `[anchor token, mask x (B-1)]` at the
+anchor's positions, whose rows see the target taps of the positions before the anchor and the whole block
+(bidirectional inside the block, nothing after it). The loss is cross-entropy on the B-1 masked positions,
+position k weighted by exp(-(k-1)/gamma): early positions matter most, since a block is accepted left to right.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dflash_et.training.data import Sequence
+
+
+@dataclass
+class Batch:
+    """Every block of several sequences, packed into one `Draft.forward` call, on the taps' device."""
+
+    tokens: torch.Tensor          # [1, R] block rows: anchor token, then masks
+    hidden: torch.Tensor          # [1, C, k*H] the sequences' taps, one after another
+    ctx_pos: torch.Tensor         # [C] each tap's position in its own sequence
+    block_pos: torch.Tensor       # [R] each block row's position in its own sequence
+    mask: torch.Tensor            # [R, C + R] what each row may see
+    labels: torch.Tensor          # [R] the token each row should predict (-100: none)
+    weights: torch.Tensor         # [R] loss weight of each row
+    before: torch.Tensor          # [R] the token before each row's label (the anchor, then the labels): DFlash2
+    rows: torch.Tensor            # the rows with a weight, the only ones that get logits (found on the host)
+
+
+def sample_anchors(seq: Sequence, n: int, gen: torch.Generator) -> torch.Tensor:
+    """Anchor positions where decoding actually happens: from the last prompt token to the one before the end."""
+    low, high = max(seq.prompt_len - 1, 1), len(seq.tokens) - 2
+    if high < low:
+        return torch.empty(0, dtype=torch.long)
+    return torch.randint(low, high + 1, (n,), generator=gen).unique()
+
+
+def loss_weights(block: int, gamma: float) -> torch.Tensor:
+    """exp(-(k-1)/gamma) for the masked positions k = 1..B-1."""
+    return torch.exp(-(torch.arange(1, block, dtype=torch.float32) - 1) / gamma)
+
+
+def read_span(anchors: torch.Tensor, window: int | None) -> tuple[int, int]:
+    """The taps a sequence's blocks read: those before its last anchor, and, under a context `window`, no older
+    than its first anchor's window. Packing only these keeps a long prompt's step as cheap as a short one's."""
+    if not len(anchors):
+        return 0, 0
+    low = 0 if window is None else max(int(anchors.min()) - window + 1, 0)
+    return low, int(anchors.max())
+
+
+def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_token_id: int, gamma: float,
+         window: int | None = None) -> Batch:
+    """One batch of blocks: a row of anchor i of sequence s sees the taps of s before the anchor and block i
+    (within `window` of it: the draft's `context_window`; only the taps some row reads are packed). The indices are
+    made on the host, the taps and the mask on the taps' device: nothing is read back from it."""
+    device = seqs[0].taps.device
+    spans = [read_span(a, window) for a in anchors]
+    ctx_seq = torch.cat([torch.full((high - low,), i) for i, (low, high) in enumerate(spans)])
+    ctx_pos = torch.cat([torch.arange(low, high) for low, high in spans])
+    rows = [(i, a) for i, a_s in enumerate(anchors) for a in a_s.tolist()]
+    row_seq = torch.tensor([i for i, _ in rows]).repeat_interleave(block)
+    row_anchor = torch.tensor([a for _, a in rows]).repeat_interleave(block)
+    row_block = torch.arange(len(rows)).repeat_interleave(block)
+    offset = torch.arange(block).repeat(len(rows))
+    tokens = torch.full((len(rows) * block,), mask_token_id)
+    labels = torch.full((len(rows) * block,), -100)
+    for r, (i, a) in enumerate(rows):
+        seq = seqs[i].tokens
+        tokens[r * block] = seq[a]
+        end = min(a + block, len(seq))
+        labels[r * block + 1:r * block + 1 + end - a - 1] = seq[a + 1:end]
+    weights = torch.cat([torch.zeros(1), loss_weights(block, gamma)]).repeat(len(rows)) * (labels >= 0)
+    hidden = torch.cat([s.taps[low:high] for s, (low, high) in zip(seqs, spans)])
+    before = torch.where(offset == 1, tokens.roll(1), labels.roll(1)).clamp(min=0)  # row 0 and past-the-end: unused
+    ctx_seq, ctx_pos, row_seq, row_anchor, row_block = (t.to(device) for t in (ctx_seq, ctx_pos, row_seq, row_anchor,
+                                                                                 row_block))
+    sees_ctx = (ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None])
+    sees_block = row_block[:, None] == row_block[None, :]
+    return Batch(tokens[None].to(device), hidden[None], ctx_pos, row_anchor + offset.to(device),
+                 torch.cat([sees_ctx, sees_block], dim=1), labels.to(device), weights.to(device), before.to(device),
+                 weights.nonzero().squeeze(1).to(device))
+
+
+def batch_loss(draft: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Position-weighted cross-entropy of the draft's predictions for every masked row of the batch. Only
+    rows with a weight get logits: anchors and rows past a reply's end skip the head.
+
+    A DFlash2 draft adds its selector's cross-entropy over each row's top-k candidates, scored after the true
+    predecessor (teacher forcing), with the same weights and denominator: the objective of the public
+    reproductions (SpecForge, vLLM speculators, NeMo; z-lab publishes none). A row whose label is not among its
+    candidates adds nothing to it: the selector cannot choose it, the token loss must bring it in."""
+    rows = batch.rows
+    out = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows, batch.before[rows])
+    dflash2 = isinstance(out, tuple)
+    logits = (out[0] if dflash2 else out).squeeze(0)
+    labels, weights = batch.labels[rows], batch.weights[rows]
+    total = (F.cross_entropy(logits.float(), labels, reduction="none") * weights).sum()
+    if dflash2:
+        candidates, scores = out[1], out[2]
+        hit = candidates == labels[:, None]
+        chosen = F.cross_entropy(scores.float(), hit.int().argmax(-1), reduction="none")
+        total = total + (chosen * weights * hit.any(-1)).sum()
+    return total / weights.sum().clamp(min=1e-9)

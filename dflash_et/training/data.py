@@ -1,0 +1,139 @@
+"""A draft's training data: the prompts (the project's sets, long ones after a document, and those the target
+writes itself: training.synthesize) and the target's own greedy replies to them, with the taps the draft reads.
+
+The replies are generated in batches by transformers' `generate`, whose forward passes also give every
+position's taps (HF `hidden_states[i + 1]` is layer i's output, as in the target program). They stay on the
+training device, so a training step reads them without a copy from the host."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dflash_et.data.corpus import split_of
+from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, document_texts, load_prompts, text_of, with_documents
+from dflash_et.training.config import TrainConfig
+
+TRAIN_PROMPT_SEED = 4321
+
+
+@dataclass
+class Sequence:
+    tokens: torch.Tensor          # [L] prompt + the target's greedy response (on the host)
+    taps: torch.Tensor            # [L-1 or L, k*H] the target's taps (the last token's is never seen: no
+    prompt_len: int               # anchor lies past it, and generation never feeds it), on the training device
+
+
+def reply_model(target_dir: Path, device: torch.device):
+    """The target as transformers runs it, in fp32 (the replies the fp32 programs give) on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+
+
+def target_sequences(model, layer_ids: list[int], prompts: list[list[int]], max_new_tokens: int, eos: set[int],
+                     batch: int = 16, taps_dtype: torch.dtype = torch.float32) -> list[Sequence]:
+    """The target's own greedy continuation of each prompt, with its taps (as `taps_dtype`, on the model's device),
+    through transformers' `generate` on `batch` prompts at a time (left-padded; prompts sorted by length, so little
+    is padding). The forward passes that generate a reply also give the taps of every position before its last
+    token."""
+    device = model.device
+    pad = next(iter(sorted(eos)), 0)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: dict[int, Sequence] = {}
+    with torch.no_grad(), tqdm(total=len(prompts), desc="[train_draft] target replies", unit="reply") as bar:
+        for first in range(0, len(order), batch):
+            picks = order[first:first + batch]
+            width = max(len(prompts[i]) for i in picks)
+            ids = torch.full((len(picks), width), pad)
+            attention = torch.zeros(len(picks), width, dtype=torch.long)
+            for row, i in enumerate(picks):
+                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+                attention[row, width - len(prompts[i]):] = 1
+            gen = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                 max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None,
+                                 pad_token_id=pad, output_hidden_states=True, return_dict_in_generate=True)
+            # per step, [1 + layers] hidden states of the tokens it fed: the prompt, then one token each
+            steps = [torch.cat([h[i + 1] for i in layer_ids], dim=-1) for h in gen.hidden_states]
+            fed = torch.cat(steps, dim=1).to(taps_dtype)  # [B, width + steps - 1, k*H]
+            sequences = gen.sequences.cpu()
+            for row, i in enumerate(picks):
+                reply = sequences[row, width:].tolist()
+                reply = next((reply[:j + 1] for j, t in enumerate(reply) if t in eos), reply)
+                tokens = torch.tensor(prompts[i] + reply)
+                taps = fed[row, width - len(prompts[i]):width - len(prompts[i]) + len(tokens)]
+                out[i] = Sequence(tokens, taps.clone(), len(prompts[i]))
+            bar.update(len(picks))
+    return [out[i] for i in range(len(prompts))]
+
+
+def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """(held-out rows, training rows). The project's prompt sets: training from the `train` split only and
+    held-out from `eval`, the split validate and bench measure; a file: its first rows held out."""
+    if config.prompts == "builtin":
+        return (builtin_prompts(config.heldout, seed=TRAIN_PROMPT_SEED, split="eval"),
+                builtin_prompts(config.num_prompts, seed=TRAIN_PROMPT_SEED, split="train"))
+    if config.prompts in PROMPT_SETS:
+        return (load_prompts(config.prompts, config.heldout, split="eval"),
+                load_prompts(config.prompts, config.num_prompts, split="train"))
+    rows = load_prompts(config.prompts, config.num_prompts + config.heldout)
+    return rows[:config.heldout], rows[config.heldout:]
+
+
+def is_measured(config: TrainConfig):
+    """Whether a prompt's text is one validate and bench may measure on (the set's eval split; a file's held-out
+    rows): a prompt the target writes itself that is one of them is dropped, so that no draft trains on it."""
+    if config.prompts == "builtin":
+        return lambda text: split_of(text) == "eval"
+    rows = (load_prompts(config.prompts, 1 << 30, split="eval") if config.prompts in PROMPT_SETS
+            else load_prompts(config.prompts, config.heldout))
+    texts = {text_of(r["prompt"]).strip() for r in rows}
+    return lambda text: text.strip() in texts
+
+
+def long_rows(row_sets: list[list[dict]], share: float, texts: list[str], room: int, count) -> list[list[dict]]:
+    """Each list of `row_sets`, `share` of its rows (evenly spread) asked after a document of `texts` as the bench's
+    `long` prompts are (prompts.with_documents, one call for all the lists: each text counted once), their
+    lengths in tokens (`count`) rising evenly to `room` in each list, each document starting at another text. A
+    draft trained on short prompts alone stops accepting after a long one, even one the target answers as it
+    would a short one (docs/measurements.md#long-context)."""
+    picks = [[i for i in range(len(rows)) if int((i + 1) * share) > int(i * share)] for rows in row_sets]
+    lengths = [room * (j + 1) // len(picked) for picked in picks for j in range(len(picked))]
+    asked = iter(with_documents([rows[i]["prompt"] for rows, picked in zip(row_sets, picks) for i in picked],
+                                texts, lengths, count, rotate=True))
+    out = []
+    for rows, picked in zip(row_sets, picks):
+        out.append(list(rows))
+        for i in picked:
+            out[-1][i] = {**rows[i], "prompt": next(asked)}
+    return out
+
+
+def with_long_rows(config: TrainConfig, heldout: list[dict], train: list[dict], count) -> tuple[list[dict], list[dict]]:
+    """`training_prompts`' rows with `config.long_prompts` of each asked after a document filling up to what
+    `max_seq_len` leaves for the reply, of the set's train-split texts (prompts.document_texts; a file's: its
+    training rows', so that no held-out question is in a document)."""
+    if not 0 <= config.long_prompts <= 1:
+        raise ValueError(f"train_draft.long_prompts={config.long_prompts} is a share of the prompts: give 0 to 1")
+    if not config.long_prompts:
+        return heldout, train
+    room = config.max_seq_len - config.max_new_tokens
+    texts = (document_texts(config.prompts, room) if config.prompts in PROMPT_SETS
+             else [text_of(r["prompt"]) for r in train])
+    heldout, train = long_rows([heldout, train], config.long_prompts, texts, room, count)
+    return heldout, train
+
+
+def fitting(prompts: list[list[int]], config: TrainConfig, name: str, log) -> list[list[int]]:
+    """The prompts that leave room for a reply within `max_seq_len` (export.max_seq_len): the programs can decode
+    no longer one, so the draft need not learn it; none left is refused in one line."""
+    fits = [ids for ids in prompts if len(ids) + config.max_new_tokens <= config.max_seq_len]
+    if not fits:
+        raise ValueError(f"no {name} prompt of train_draft.prompts={config.prompts} fits export.max_seq_len="
+                         f"{config.max_seq_len} with a {config.max_new_tokens}-token reply; raise export.max_seq_len "
+                         "or use shorter prompts")
+    if len(fits) < len(prompts):
+        log(f"[train_draft] {len(prompts) - len(fits)} of {len(prompts)} {name} prompts left out: longer than "
+            f"export.max_seq_len={config.max_seq_len} leaves room for with a {config.max_new_tokens}-token reply")
+    return fits

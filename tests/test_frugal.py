@@ -143,6 +143,38 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     assert sorted(p.name for p in (tmp_path / "frugal").iterdir()) == ["export.json", "target.pte"]  # no spool left
 
 
+def test_another_executorch_release_exports_as_executorch_does(tmp_path: Path, monkeypatch):
+    """`spilling` replaces ExecuTorch 1.5.1's private internals; under another release (a stub version string) it
+    patches nothing and says so in one line, and the export still writes the same program."""
+    import logging
+
+    from executorch.exir.emit import _emitter
+
+    from dflash_et.export import frugal, lower
+    from tests.conftest import chat_checkpoint, random_draft
+
+    target = chat_checkpoint(tmp_path / "target", "qwen3", num_hidden_layers=2)
+    draft = random_draft(tmp_path / "draft", target, num_layers=1)
+    config = lower.ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False)
+    lower.export_program("draft", target, draft, config, tmp_path / "frugal")
+    monkeypatch.setattr(frugal, "PATCHED_FOR", "0.0.0")
+    said, log = [], logging.getLogger(frugal.__name__)
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    log.addHandler(handler)
+    monkeypatch.setattr(log, "level", logging.INFO)
+    try:
+        with frugal.spilling(tmp_path) as spiller:
+            assert spiller is None and not hasattr(_emitter, "bytes")  # nothing of ExecuTorch's replaced
+        lower.export_program("draft", target, draft, config, tmp_path / "plain")
+    finally:
+        log.removeHandler(handler)
+    version = __import__("importlib.metadata").metadata.version("executorch")
+    assert said == [f"executorch {version} is not 0.0.0, whose internals frugal export replaces: serializing as "
+                    "ExecuTorch does (more memory for large models)"] * 2
+    assert (tmp_path / "frugal" / "draft.pte").read_bytes() == (tmp_path / "plain" / "draft.pte").read_bytes()
+
+
 def _mlx_repacked_files(monkeypatch) -> list:
     """Where MLX's builder holds each weight it repacked (the file it is mapped from; None: memory) when it starts
     serializing them, recorded into the list returned."""

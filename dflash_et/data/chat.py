@@ -8,9 +8,33 @@ from pathlib import Path
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from dflash_et.errors import UserError
 
-def tokenizer(target_dir: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(target_dir)
+
+def tokenizer(directory: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a checkpoint or a programs folder. One without tokenizer.json (or tokenizer.model), or whose
+    tokenizer.json is not JSON, is refused in one line that names the file and how to get it back (transformers says
+    "Couldn't instantiate the backend tokenizer" in four lines, or "Expecting value: line 2 column 1")."""
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except Exception:  # noqa: BLE001  whatever transformers raises; said plainly when it is a file's fault
+        problem = _unreadable(Path(directory))
+        if problem is None:
+            raise
+        raise UserError(problem) from None
+
+
+def _unreadable(directory: Path) -> str | None:
+    path = directory / "tokenizer.json"
+    fix = ("rebuild it (`dvc repro package` for artifacts/programs, `dvc repro fetch_target` for the target) or "
+           "pull it again (`dvc pull`)")
+    if not path.is_file():
+        return None if (directory / "tokenizer.model").is_file() else f"{path} is missing: {fix}"
+    try:
+        json.loads(path.read_bytes())
+    except ValueError as e:
+        return f"{path} is not JSON ({e}): it is truncated or corrupt; {fix}"
+    return None
 
 
 def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict]) -> list[int]:

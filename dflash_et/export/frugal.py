@@ -20,6 +20,8 @@ spool as it is made.
 import builtins
 import ctypes
 import hashlib
+import importlib.metadata
+import logging
 import mmap
 import os
 import tempfile
@@ -34,6 +36,11 @@ from executorch.exir._serialize._cord import FileBackedData
 from dflash_et.resident import Mappings, drop
 
 CHUNK = 1 << 24
+# The ExecuTorch release whose private internals `spilling` replaces (the emitter's `bytes` and `hashlib`, the named
+# data store's `_tensor_to_bytes`, XNNPACK's `convert_to_qc4w`, MLX's builder and packers, and torch's storage and
+# Parameter `__deepcopy__` while it lowers). Under any other, `spilling` patches nothing: the program is the same,
+# its export takes the memory ExecuTorch's own serializer takes (docs/measurements.md#export-memory).
+PATCHED_FOR = "1.5.1"
 ALIGN = 64  # of each tensor kept in the spool: any dtype's view of it is aligned
 
 
@@ -231,7 +238,14 @@ def spilling(directory: Path | None = None, mlx: bool = False):
     ranges, spooling those that no file holds under `directory` (default: the temp dir); the spool lives until
     the context ends, so load (`Spiller.kept`), lower and write the program inside it. `mlx`: a program lowered to
     MLX, whose builder's repacked weights go to the spool as they are made (importing its builder generates the
-    MLX backend's serialization files once, so other backends leave it alone)."""
+    MLX backend's serialization files once, so other backends leave it alone). It yields None, and patches
+    nothing, under an ExecuTorch release other than PATCHED_FOR (one logged line)."""
+    installed = importlib.metadata.version("executorch")
+    if installed != PATCHED_FOR:
+        logging.getLogger(__name__).info(f"executorch {installed} is not {PATCHED_FOR}, whose internals frugal export "
+                                         "replaces: serializing as ExecuTorch does (more memory for large models)")
+        yield None
+        return
     from executorch.backends.xnnpack.operators import node_visitor
     from executorch.exir._serialize import _named_data_store
     from executorch.exir.emit import _emitter

@@ -65,6 +65,10 @@ def test_rejection_says_why_a_message_is_not_kept(target):
     assert why("Tell me about about about about about about about it.") == "repetitive"
     assert why("How many apples does Ben have? How many apples does Ben have?") == "repetitive"
     assert why("What is DNS?") is None
+    turn = tok.convert_tokens_to_ids("<|im_start|>")  # the target opening another turn inside its message
+    ids = tok.encode("What is DNS?", add_special_tokens=False)
+    assert rejection([*ids, turn, *ids], "What is DNS?What is DNS?", special={turn}) == "special"
+    assert rejection(ids, "What is DNS?", special={turn}) is None
     assert why("Can you give me a tip about baking bread? I keep burning the crust.") is None
 
 

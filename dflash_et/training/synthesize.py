@@ -8,7 +8,7 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -39,11 +39,15 @@ def user_turn(tok: PreTrainedTokenizerBase) -> tuple[list[int], list[int]] | Non
     return [*fmt.before, *tok.encode(fmt.prefix, add_special_tokens=False)], end[:1]
 
 
-def rejection(ids: list[int], text: str, min_chars: int = MIN_CHARS) -> str | None:
+def rejection(ids: list[int], text: str, min_chars: int = MIN_CHARS, special: Collection[int] = ()) -> str | None:
     """Why a sampled user message (its `ids` before the end of the turn, and their `text`) is not kept as a training
-    prompt, or None to keep it: "empty", "short" (under `min_chars` characters) or "repetitive" (MAX_REPEATED or
-    more of its token NGRAM-grams repeat an earlier one). A small model at temperature 1 loops now and then; the
-    target's replies to a loop teach the draft little about its replies to a user."""
+    prompt, or None to keep it: "special" (one of the tokenizer's `special` ids inside it: the target opened another
+    turn or role, which decoding would hide while keeping the text after it), "empty", "short" (under `min_chars`
+    characters) or "repetitive" (MAX_REPEATED or more of its token NGRAM-grams repeat an earlier one). A small model
+    at temperature 1 loops now and then; the target's replies to a loop teach the draft little about its replies to
+    a user."""
+    if any(i in special for i in ids):
+        return "special"
     if not text.strip():
         return "empty"
     if len(text) < min_chars:
@@ -81,7 +85,7 @@ def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *
         return []
     opening, end = turn
     stops = list(dict.fromkeys(end + _eos(model)))
-    held = {_key(text) for text in exclude}
+    held, special = {_key(text) for text in exclude}, set(tok.all_special_ids)
     seen, rows, dropped, sampled = set(), [], Counter(), 0
     input_ids = torch.tensor([opening] * batch, device=device)
     t0 = time.perf_counter()
@@ -104,7 +108,7 @@ def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *
             ids = sample[:stop]
             text = tok.decode(ids, skip_special_tokens=True).strip()
             key = _key(text)
-            reason = rejection(ids, text) or ("held-out" if key in held else "duplicate" if key in seen else None)
+            reason = rejection(ids, text, special=special) or ("held-out" if key in held else "duplicate" if key in seen else None)
             if reason:
                 dropped[reason] += 1
                 continue

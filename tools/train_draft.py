@@ -1,4 +1,5 @@
-"""Train a DFlash draft for any target, outside the pipeline, on a GPU when there is one:
+"""Train a DFlash draft for any target, outside the pipeline, on a GPU when there is one.
+
 `python -m tools.train_draft TARGET OUT [--minutes M] [--device auto|cpu|cuda] [--set KEY=VALUE ...]`.
 
 TARGET is fetched as the pipeline fetches model.target: a `.gguf` file, a Hugging Face checkpoint directory,
@@ -56,10 +57,14 @@ def main(argv: list[str]) -> None:
     started = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", help="a .gguf file, a checkpoint directory, or a built-in name (smollm2, builtin)")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--minutes", type=float, help="wall clock of the whole command (train_draft.minutes)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="train_draft.device")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train_draft setting")
+    parser.add_argument("out", type=Path, help="the draft's folder (z-lab layout and its card), written whole or not at all")
+    parser.add_argument("--minutes", type=float, help="wall clock of the whole command: training ends sooner to fit "
+                        "(train_draft.minutes; default: none, train_draft.steps and compute_budget decide)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                        help="train_draft.device (auto: CUDA when there is one; on a 2-core CPU the default settings "
+                             "take ~25 minutes for SmolLM2, an H200 is meant to take --minutes 8.5)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train_draft setting of params.yaml, repeatable: --set synthetic_prompts=12000")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="the saved weights' (bf16: half the size, how a draft ships in drafts/)")
     args = parser.parse_args(argv)

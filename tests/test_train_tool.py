@@ -38,7 +38,7 @@ def bare(*args: str) -> subprocess.CompletedProcess:
 def test_the_tool_trains_on_a_bare_machine_and_writes_its_card(tmp_path):
     out = tmp_path / "draft"
     r = bare("builtin-random", str(out), "--minutes", "5", "--device", "cpu", *TINY, "--set", "synthetic_prompts=8",
-             "--set", "curve_points=2", "--dtype", "bf16")
+             "--set", "curve_points=2", "--dtype", "bf16", "--shard-mb", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     card = json.loads((out / "train_draft.json").read_text())
     assert card["steps"] == 30 and card["config"]["device"] == "cpu" and card["config"]["minutes"] < 5
@@ -62,7 +62,13 @@ def test_the_tool_trains_on_a_bare_machine_and_writes_its_card(tmp_path):
     from safetensors.torch import load_file
 
     assert card["weights_dtype"] == "bf16"
-    assert {str(w.dtype) for w in load_file(out / "model.safetensors").values()} == {"torch.bfloat16"}
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    shards = sorted(set(index.values()))
+    assert len(shards) > 1 and sorted(p.name for p in out.glob("*.safetensors")) == shards
+    for shard in shards:  # each within the size asked for (a tensor larger than it would get a file of its own)
+        weights = load_file(out / shard)
+        assert {str(w.dtype) for w in weights.values()} == {"torch.bfloat16"}
+        assert sum(w.nbytes for w in weights.values()) <= 1e6 or len(weights) == 1
 
 
 @pytest.mark.parametrize("args, error", [

@@ -46,11 +46,22 @@ def settings(target: str, sets: list[str], minutes: float | None, device: str | 
     return train_config({**p, "train_draft": section})
 
 
-def to_bf16(path: Path) -> None:
-    """The draft's weights rounded to bf16 in place (trained in fp32; the card's held-out tau is the fp32 draft's)."""
+def store_weights(draft_dir: Path, dtype: str, shard_mb: float | None) -> None:
+    """The draft's model.safetensors as `dtype` (bf16: rounded from the fp32 it trained in; the card's held-out tau
+    is the fp32 draft's) and, with `shard_mb`, split into files of at most that size with the index transformers
+    and the pipeline read (huggingface_hub's split)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import load_file, save_file
 
-    save_file({k: v.bfloat16() for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+    path = draft_dir / "model.safetensors"
+    weights = {k: v.bfloat16() if dtype == "bf16" else v for k, v in load_file(path).items()}
+    split = split_torch_state_dict_into_shards(weights, max_shard_size=int((shard_mb or 1e9) * 1e6))
+    path.unlink()
+    for name, keys in split.filename_to_tensors.items():
+        save_file({k: weights[k] for k in keys}, draft_dir / name, metadata={"format": "pt"})
+    if split.is_sharded:
+        write_json(draft_dir / "model.safetensors.index.json",
+                   {"metadata": split.metadata, "weight_map": split.tensor_to_filename})
 
 
 def main(argv: list[str]) -> None:
@@ -67,6 +78,8 @@ def main(argv: list[str]) -> None:
                         help="a train_draft setting of params.yaml, repeatable: --set synthetic_prompts=12000")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="the saved weights' (bf16: half the size, how a draft ships in drafts/)")
+    parser.add_argument("--shard-mb", type=float, help="weights in files of at most this many MB, with an index "
+                        "(a device machine returns files of at most 16 MiB; a DFlash2 draft's codebooks are larger)")
     args = parser.parse_args(argv)
     config = settings(args.target, args.set, args.minutes, args.device)
     training_device(config)  # refused before the target is fetched
@@ -87,8 +100,7 @@ def main(argv: list[str]) -> None:
                 name: importlib.metadata.version(name) for name in ("torch", "transformers")}}
             card["command"] = shlex.join(["python", "-m", "tools.train_draft", *argv])
             card["weights_dtype"] = args.dtype
-            if args.dtype == "bf16":
-                to_bf16(tmp / "model.safetensors")
+            store_weights(tmp, args.dtype, args.shard_mb)
             write_json(tmp / "train_draft.json", card)
 
 

@@ -139,3 +139,26 @@ def test_training_mixes_them_in_leaves_out_measured_ones_and_falls_back_without_
     assert counts["synthetic"] == 0 and len(train) == 6
     assert logs == ["[train_draft] the target has no chat template to write its own prompts with: training on "
                     "train_draft.prompts=builtin alone"]
+
+
+def test_a_deadline_stops_the_batches_after_the_first(target, monkeypatch):
+    """train_draft.minutes: no batch of prompts starts past the deadline (the first always runs), and the replies
+    answered are a sample of whole batches, each the reply it would be without a deadline."""
+    from dflash_et.training.data import target_sequences
+
+    model, tok = target
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: calls.append(kw) or generate(**kw))
+    rows = synthesize_prompts(model, tok, 24, seed=0, deadline=0.0, **SETTINGS)
+    assert len(calls) == 1 and 0 < len(rows) <= SETTINGS["batch"]
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in synthesize_prompts(model, tok, 24, seed=0, **SETTINGS)][
+        :len(rows)]
+    prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(6, split="train")]
+    said, eos = [], {tok.convert_tokens_to_ids("<|im_end|>")}
+    cut = target_sequences(model, [1], prompts, 8, eos, batch=2, deadline=0.0, log=said.append)
+    whole = target_sequences(model, [1], prompts, 8, eos, batch=2)
+    assert len(cut) == 2 and said == ["[train_draft] replies to 2 of 6 prompts: the clock (train_draft.minutes) "
+                                      "leaves the rest of the run to training"]
+    answered = [next(s for s in whole if s.tokens.equal(c.tokens)) for c in cut]
+    assert all(a.taps.equal(c.taps) for a, c in zip(answered, cut))

@@ -5,6 +5,7 @@ The replies are generated in batches by transformers' `generate`, whose forward 
 position's taps (HF `hidden_states[i + 1]` is layer i's output, as in the target program). They stay on the
 training device, so a training step reads them without a copy from the host."""
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,18 +34,26 @@ def reply_model(target_dir: Path, device: torch.device):
 
 
 def target_sequences(model, layer_ids: list[int], prompts: list[list[int]], max_new_tokens: int, eos: set[int],
-                     batch: int = 16, taps_dtype: torch.dtype = torch.float32) -> list[Sequence]:
+                     batch: int = 16, taps_dtype: torch.dtype = torch.float32, deadline: float | None = None,
+                     log=print) -> list[Sequence]:
     """The target's own greedy continuation of each prompt, with its taps (as `taps_dtype`, on the model's device),
     through transformers' `generate` on `batch` prompts at a time (left-padded; prompts sorted by length, so little
     is padding). The forward passes that generate a reply also give the taps of every position before its last
-    token."""
+    token. With a `deadline` (time.perf_counter), batches run in a seeded random order and none starts after it:
+    the prompts answered are then a sample of all lengths, in the order given."""
     device = model.device
     pad = next(iter(sorted(eos)), 0)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches = [order[first:first + batch] for first in range(0, len(order), batch)]
+    if deadline is not None:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=torch.Generator().manual_seed(0))]
     out: dict[int, Sequence] = {}
     with torch.no_grad(), tqdm(total=len(prompts), desc="[train_draft] target replies", unit="reply") as bar:
-        for first in range(0, len(order), batch):
-            picks = order[first:first + batch]
+        for picks in batches:
+            if out and deadline is not None and time.perf_counter() > deadline:
+                log(f"[train_draft] replies to {len(out)} of {len(prompts)} prompts: the clock (train_draft.minutes) "
+                    "leaves the rest of the run to training")
+                break
             width = max(len(prompts[i]) for i in picks)
             ids = torch.full((len(picks), width), pad)
             attention = torch.zeros(len(picks), width, dtype=torch.long)
@@ -65,7 +74,7 @@ def target_sequences(model, layer_ids: list[int], prompts: list[list[int]], max_
                 taps = fed[row, width - len(prompts[i]):width - len(prompts[i]) + len(tokens)]
                 out[i] = Sequence(tokens, taps.clone(), len(prompts[i]))
             bar.update(len(picks))
-    return [out[i] for i in range(len(prompts))]
+    return [out[i] for i in range(len(prompts)) if i in out]
 
 
 def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:

@@ -70,7 +70,8 @@ def _eos(model) -> list[int]:
 
 def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *, batch: int = 16,
                        max_new_tokens: int = 96, temperature: float = 1.0, top_p: float = 0.95,
-                       exclude: Iterable[str] = (), device: str | torch.device = "cpu", log=print) -> list[dict]:
+                       exclude: Iterable[str] = (), device: str | torch.device = "cpu", log=print,
+                       deadline: float | None = None) -> list[dict]:
     """Up to n rows {"category": "synthetic", "prompt": text} the target (`model`, on `device`, and its `tok`)
     wrote as user messages, in the order sampled; [] for a tokenizer without a chat template (user_turn). Batches
     of `batch` samples of at most `max_new_tokens` tokens, at `temperature` and `top_p`, with no top-k (the
@@ -79,7 +80,8 @@ def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *
     Dropped: a message not ended within max_new_tokens ("truncated"), `rejection`'s, a repeat of a kept one
     ("duplicate"), and one of the `exclude` texts, the held-out prompts ("held-out"), compared lower-cased with
     whitespace collapsed. Each batch seeds torch's global RNG from `seed` and its index, so the prompts do not
-    depend on what ran before in the process."""
+    depend on what ran before in the process. With a `deadline` (time.perf_counter), no batch after the first starts
+    past it."""
     turn = user_turn(tok)
     if turn is None or n <= 0:
         return []
@@ -90,7 +92,7 @@ def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *
     input_ids = torch.tensor([opening] * batch, device=device)
     t0 = time.perf_counter()
     for call in range(math.ceil(3 * n / batch) + 1):
-        if len(rows) >= n:
+        if len(rows) >= n or (call and deadline is not None and time.perf_counter() > deadline):
             break
         torch.manual_seed(seed * 100003 + call)
         with torch.no_grad():

@@ -167,6 +167,10 @@ class Clock:
     def left(self) -> float:
         return math.inf if self.deadline is None else self.deadline - time.perf_counter()
 
+    def until(self, share: float) -> float | None:
+        """When `share` of the run's minutes will have passed (None without a limit): where a data phase stops."""
+        return None if self.deadline is None else self.start + share * (self.deadline - self.start)
+
 
 @dataclass
 class Fitted:
@@ -245,9 +249,11 @@ def _agreed(horizon: int, device: torch.device, distributed: bool) -> int:
     return int(agreed)
 
 
-def _prompts(config: TrainConfig, tok, model, device: torch.device, log) -> tuple[list[dict], list[dict], dict]:
+def _prompts(config: TrainConfig, tok, model, device: torch.device, log, deadline: float | None = None
+             ) -> tuple[list[dict], list[dict], dict]:
     """(held-out rows, training rows, their counts): the prompt set's, then `synthetic_prompts` the target writes
-    itself (none, in one logged line, when it has no chat template), then long rows as `long_prompts` asks."""
+    itself (none, in one logged line, when it has no chat template; no batch of them starts after `deadline`), then
+    long rows as `long_prompts` asks."""
     heldout, train = training_prompts(config)
     synthetic = []
     if config.synthetic_prompts and user_turn(tok) is None:
@@ -256,7 +262,8 @@ def _prompts(config: TrainConfig, tok, model, device: torch.device, log) -> tupl
     elif config.synthetic_prompts:
         measured = is_measured(config)
         written = synthesize_prompts(model, tok, config.synthetic_prompts, config.seed, batch=config.generate_batch,
-                                     exclude=[text_of(r["prompt"]) for r in heldout], device=device, log=log)
+                                     exclude=[text_of(r["prompt"]) for r in heldout], device=device, log=log,
+                                     deadline=deadline)
         synthetic = [r for r in written if not measured(r["prompt"])]
         if len(synthetic) < len(written):
             log(f"[train_draft] {len(written) - len(synthetic)} prompts the target wrote are measured prompts "
@@ -280,12 +287,13 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
     eos, tok = set(eos_ids(target_dir)), tokenizer(target_dir)
     model = reply_model(target_dir, device)
     since = clock.add("loading", clock.start)
-    heldout_rows, train_rows, counts = _prompts(config, tok, model, device, log)
+    # with `minutes`, the data phases stop starting batches at a fifth and at half of the run: training gets the rest
+    heldout_rows, train_rows, counts = _prompts(config, tok, model, device, log, clock.until(0.2))
     heldout = fitting([encode_chat(tok, r["prompt"]) for r in heldout_rows], config, "held-out", log)
     train_prompts = fitting([encode_chat(tok, r["prompt"]) for r in train_rows], config, "training", log)
     since = clock.add("synthesis", since)
     data = target_sequences(model, target.layer_ids, train_prompts, config.max_new_tokens, eos, config.generate_batch,
-                            torch.bfloat16 if device.type == "cuda" else torch.float32)
+                            torch.bfloat16 if device.type == "cuda" else torch.float32, clock.until(0.5), log)
     del model
     since = clock.add("replies", since)
     reply_tokens = sum(len(s.tokens) - s.prompt_len for s in data)

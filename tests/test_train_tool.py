@@ -151,3 +151,14 @@ def test_the_fingerprint_is_the_models_not_the_writers(pair, tmp_path):
     same = compute_checkpoint_id(pair[0])
     assert compute_checkpoint_id(variant("writer", transformers_version="5.17.0")) == same
     assert compute_checkpoint_id(variant("model", rms_norm_eps=1e-5)) != same
+
+
+def test_a_device_that_is_not_one_and_auto_without_a_trainer_are_one_line(pair, tmp_path):
+    from dflash_et.training.config import training_device
+
+    with pytest.raises(ValueError, match=r"^train_draft.device='gpu' is not one of auto, cpu, cuda$"):
+        training_device(TrainConfig(device="gpu"))
+    with pytest.raises(CheckpointError, match=r"^model.draft=auto needs a trainer; run it through the fetch_draft "
+                                              r"stage$"):
+        fetch("draft", "auto", tmp_path / "d", target_dir=pair[0], shipped=tmp_path / "no-drafts")
+    assert not (tmp_path / "d").exists()

@@ -309,8 +309,9 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
 
     def evaluate() -> float:  # on the host, by the reference decoding, with the weights trained so far
         started = time.perf_counter()
-        if trainee is not draft:
-            draft.load_state_dict(trainee.state_dict())
+        if trainee is not draft:  # its own weights only: the borrowed head and embedding never change
+            draft.load_state_dict({k: v for k, v in trainee.state_dict().items() if k not in zlab.BORROWED},
+                                  strict=False)
         tau = acceptance(target, draft, heldout, eos, config, mask_id, "training")
         clock.add("evaluation", started)
         return tau

@@ -5,7 +5,7 @@
 TARGET is fetched as the pipeline fetches model.target: a `.gguf` file, a Hugging Face checkpoint directory,
 or a built-in name (`builtin`, `smollm2`, ...). The settings are params.yaml's train_draft section (with
 export.max_seq_len, the positions it trains at), then each `--set` (`--set synthetic_prompts=20000`). It needs
-only torch, transformers, safetensors, tokenizers and PyYAML (gguf for a .gguf target): no ExecuTorch and no DVC,
+only torch, transformers, safetensors, tokenizers and PyYAML (gguf and accelerate for a .gguf target): no ExecuTorch and no DVC,
 which a bare GPU machine lacks. OUT gets the draft in z-lab's layout and its card, train_draft.json, with what
 the pipeline's copy leaves out: seconds per phase, throughput, the device, the versions and this command. Ship
 it as drafts/<name>/ and `model.draft: auto` takes it for that target. Under `torchrun --nproc_per_node=N -m

@@ -316,6 +316,25 @@ def mixed_programs(programs, trained_pair, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "mixed", build) / "programs"
 
 
+REDUCED_VOCAB = 512  # reduced_vocab_programs' draft head: a quarter of the built-in vocabulary
+
+
+@pytest.fixture(scope="session")
+def reduced_vocab_programs(programs, trained_pair, tmp_path_factory) -> Path:
+    """`programs` with the trained draft exported with export.draft_vocab=REDUCED_VOCAB: its head over the tokens
+    the target emitted most in the draft's training replies (token_counts.json)."""
+    import shutil
+
+    from dflash_et.export.lower import ExportConfig, export_program
+
+    def build(out: Path) -> None:
+        shutil.copytree(programs, out / "programs")
+        export_program("draft", *trained_pair, ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK,
+                                                            draft_vocab=REDUCED_VOCAB), out / "programs")
+
+    return built_once(tmp_path_factory, "reduced-vocab", build) / "programs"
+
+
 WINDOW = 16  # windowed_programs' draft window: shorter than the test prompts
 
 

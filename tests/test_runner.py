@@ -148,7 +148,7 @@ def prompts(programs):
 
 
 @pytest.mark.parametrize("kind", ["programs", "shared_programs", "quantized_shared_programs", "single_programs",
-                                  "windowed_programs", "trained_dflash2_programs"])
+                                  "windowed_programs", "trained_dflash2_programs", "reduced_vocab_programs"])
 def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
     """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single), a draft with a
     context window, a DFlash2 draft (its proposals walked through its lattice): plain and DFlash at several

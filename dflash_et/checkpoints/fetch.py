@@ -42,6 +42,7 @@ CHECKPOINT_FILES = [
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
     "vocab.json", "merges.txt", "tokenizer.model",
     "train_draft.json",  # a trained draft's card: which target it learned (checkpoints.check refuses another)
+    "token_counts.json",  # a trained draft's: the tokens its target emitted in its replies (data.emitted)
 ]
 _log = logging.getLogger(__name__)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")

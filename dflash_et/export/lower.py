@@ -25,6 +25,8 @@ from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos
                                        recommended_sampling)
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
+from dflash_et.data.chat import tokenizer
+from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts
 from dflash_et.errors import ExportError
 from dflash_et.export import by_rows
 from dflash_et.export.frugal import Spiller, spilling
@@ -32,7 +34,7 @@ from dflash_et.files import write_json
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged
 from dflash_et.models.block import ModelArgs
 from dflash_et.models.deltanet import DeltaNetSpec
-from dflash_et.models.draft import Draft
+from dflash_et.models.draft import Draft, reduce_head
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
 from dflash_et.params import parse
@@ -94,6 +96,7 @@ class ExportConfig:
     shared_weights: bool = False
     sliding_cache: str = "ring"  # ring | full: how sliding-window layers (target, windowed draft) cache K/V
     draft_head: str = "same"     # same | 8da8w: the draft's head at the program's precision, or int8 (see quantize)
+    draft_vocab: str | int = "full"  # full | N: the draft's head over the N tokens its target emits most (data.emitted)
     stock_forward: bool = True   # target.pte also has `forward` (logits alone) for ExecuTorch's stock runners (lower)
     layout: str = "pair"         # pair | single: target.pte + draft.pte, or one target.pte with the draft's method
 
@@ -137,6 +140,11 @@ class ExportConfig:
             raise ExportError(f"export.draft_head={self.draft_head} runs on XNNPACK's int8 dynamic-activation kernels in "
                               "an fp32 program and keeps its own head (shared.ptd cannot share it): set export.backend="
                               "xnnpack, export.dtype=fp32 and export.shared_weights=false, or export.draft_head=same")
+        if self.draft_vocab != "full" and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
+            raise ExportError(f"export.draft_vocab={self.draft_vocab!r} must be full or a number of tokens (8192)")
+        if self.draft_vocab != "full" and self.shared_weights:
+            raise ExportError("export.draft_vocab gives the draft a head of its own, which shared.ptd cannot share with "
+                              "the target's: set export.shared_weights=false, or export.draft_vocab=full")
         if self.layout not in LAYOUTS:
             raise ExportError(f"export.layout={self.layout!r} does not exist; use one of {', '.join(LAYOUTS)}")
         if self.layout == "single" and self.shared_weights:
@@ -224,10 +232,25 @@ def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq
     convert = None if spiller is None else spiller.converted
     target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype], prepare,
                                         convert=convert, **load)
+    if config.draft_vocab != "full":
+        reduce_head(draft, _draft_vocab(target_dir, draft_dir, config.draft_vocab, draft.args.vocab_size))
     for name, model in (("target", target), ("draft", draft)):
         if name in quantized:
             prepare(model)  # what is not in a decoder layer: the head, the embedding, the draft's fc
     return target, draft, settings
+
+
+def _draft_vocab(target_dir: Path, draft_dir: Path, size: int, vocab_size: int) -> list[int]:
+    """export.draft_vocab: the ids the draft's head keeps (data.emitted), every special and end-of-turn token among them."""
+    tok = tokenizer(target_dir)
+    always = {t for t in {*eos_ids(target_dir), *tok.all_special_ids, *tok.added_tokens_decoder} if t < vocab_size}
+    counts = read_counts(draft_dir)
+    ids = kept_ids(counts, size, vocab_size, always)
+    share = coverage(counts, ids)
+    logger.info(f"draft head: {size} of {vocab_size} tokens, " + (
+        f"{share:.2%} of the {sum(counts.values())} its target emitted in the draft's training replies" if counts else
+        f"the lowest ids ({draft_dir} has no {TOKEN_COUNTS}: a draft not trained here)"))
+    return ids
 
 
 def _prepare(module: torch.nn.Module, config: ExportConfig, spiller: Spiller | None) -> None:

@@ -50,6 +50,7 @@ class Draft(nn.Module):
         self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_block if self.context_window else None,
                                           ring=ring, conv=conv) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.to_vocab: nn.Module = nn.Identity()  # the head's rows are the vocabulary's, unless `reduce_head`
         if selector is not None:
             self.candidate_selector = CandidateSelector(a.hidden_size, a.vocab_size, *selector)
 
@@ -83,9 +84,34 @@ class Draft(nn.Module):
         logits = self.lm_head(x)
         if self.logit_scale != 1.0:  # a full-vocabulary multiply (and its gradient) saved when it is none
             logits = logits * self.logit_scale
-        logits = softcap(logits, self.args.logit_softcap)
+        logits = self.to_vocab(softcap(logits, self.args.logit_softcap))
         if block_mask is None and hasattr(self, "candidate_selector"):
             return self.candidate_selector(x, logits, tokens[0, :1])
         if before is not None and hasattr(self, "candidate_selector"):  # training a DFlash2 draft: its scores too
             return (logits, *self.candidate_selector.teacher_forced(x[0], logits[0], before))
         return logits
+
+
+class ToVocab(nn.Module):
+    """A reduced head's logits [.., N] placed at their token ids in the target's vocabulary [.., V], -inf (no
+    proposal, probability zero) everywhere else: the draft's outputs keep their shape and meaning for every
+    runner and for the sampler, which stays exact for any proposal distribution."""
+
+    def __init__(self, ids: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.register_buffer("ids", ids, persistent=False)
+        self.vocab_size = vocab_size
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.scatter(-1, self.ids.expand(logits.shape), logits)
+
+
+def reduce_head(draft: Draft, ids: list[int]) -> None:
+    """`export.draft_vocab`: the draft scores only the tokens `ids` (its own copy of those rows of the borrowed
+    head), placed back in the full vocabulary after the logit scale and softcap, so those stay exact."""
+    weight = draft.lm_head.weight
+    head = nn.Linear(weight.shape[1], len(ids), bias=False, dtype=weight.dtype)
+    head.weight = nn.Parameter(weight.detach()[torch.tensor(ids)].clone(), requires_grad=False)
+    draft.lm_head = head
+    draft.to_vocab = ToVocab(torch.tensor(ids), weight.shape[0])

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
 from dflash_et.data.chat import encode_chat, tokenizer
+from dflash_et.data.emitted import write_counts
 from dflash_et.data.prompts import text_of
 from dflash_et.files import write_json
 from dflash_et.models.draft import Draft
@@ -337,6 +338,7 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
         live.end()
     since = time.perf_counter()
     zlab.save_draft(out_dir, draft_cfg, draft.state_dict())
+    write_counts(out_dir, [s.tokens[s.prompt_len:].tolist() for s in data])  # for export.draft_vocab
     write_json(out_dir / "train_draft.json", report)  # the card; the clock's figures only in what is returned
     clock.add("saving", since)
     seconds = {k: round(v, 2) for k, v in clock.seconds.items()} | {"total": round(time.perf_counter() - clock.start, 2)}

@@ -32,6 +32,9 @@ def test_bench_metrics_and_plots(programs, monkeypatch):
     categories = {"math", "code", "chat", "long"}  # long: a document, then a question (test_long_prompts)
     assert set(metrics["tau_by_category"]) == set(metrics["speedup_auto_by_category"]) == categories
     assert set(metrics["speedup_by_block_by_category"]["code"]) == {"2", "8"}
+    # the fixed curve says 1 ms a plain step: the ratio is each category's mean plain step in ms, as decoding paid
+    assert set(metrics["plain_step_vs_cost_curve_by_category"]) == categories
+    assert all(0 < v < 1000 for v in metrics["plain_step_vs_cost_curve_by_category"].values())
     for c in categories:  # greedy, each repeat emits the same tokens: the pooled speedup lies in the range
         low, high = metrics["speedup_range_over_repeats_by_category"][c]["auto"]
         assert 0 < low <= metrics["speedup_auto_by_category"][c] * (1 + 1e-9) and low <= high

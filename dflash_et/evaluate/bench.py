@@ -91,6 +91,7 @@ class Runs:
     prompts: int
     lossless: bool               # every DFlash output equals plain decoding's (meaningful when greedy)
     generations: dict[str, list[dict[str, list[Generation]]]]  # [mode][repeat][category]; mode "ar": plain
+    prompt_lengths: dict[str, list[int]]  # [category]: its prompts' tokens, in the order of its generations
 
     @property
     def categories(self) -> list[str]:
@@ -169,8 +170,11 @@ def collect(decoder: Decoder, programs_dir: Path, rows: list[dict], block_size: 
     rows = rows + long_rows(rows, config, decoder.max_context_len, lambda p: len(encode_chat(tok, p)))
     encoded = [encode_chat(tok, r["prompt"]) for r in rows]
     generations, lossless = _decode(decoder, rows, encoded, modes, config, settings)
+    lengths = defaultdict(list)
+    for row, ids in zip(rows, encoded):
+        lengths[row["category"]].append(len(ids))
     return Runs(config, block_size, headline, settings, modes, too_large, decoder.max_block_size, curve, len(rows),
-                lossless, generations)
+                lossless, generations, dict(lengths))
 
 
 # bench.json's metrics, in its order: name -> the value from one bench's runs (None: not reported for these runs)
@@ -250,6 +254,21 @@ def _accepted(runs: Runs) -> list[int]:
     """Drafted rounds at block_size by proposals accepted, 0 .. max_block - 1."""
     count = Counter(r.accepted for r in runs.rounds(runs.headline) if r.drafted)
     return [count.get(k, 0) for k in range(runs.max_block)]
+
+
+@metric
+def plain_step_vs_cost_curve_by_category(runs: Runs) -> dict[str, float]:
+    """Plain decoding's target calls over what the cost curve says a T=1 call costs at their positions: 1.0 when
+    the curve auto plans by measures what decoding pays (each category's prompts are at their own depths)."""
+    def ratio(category: str) -> float:
+        paid = planned = 0.0
+        for generations in (per_repeat[category] for per_repeat in runs.generations["ar"]):
+            for g, length in zip(generations, runs.prompt_lengths[category]):
+                paid += sum(1000 * r.verify_s for r in g.rounds)
+                planned += sum(runs.curve.target(1, length + i) for i in range(len(g.rounds)))
+        return paid / planned if planned else 0.0
+
+    return {c: ratio(c) for c in runs.categories}
 
 
 @metric

@@ -10,7 +10,7 @@ from dflash_et.data.chat import chat_format, tokenizer as load_tokenizer
 from dflash_et.errors import ExportError
 
 # export settings only one program reads (dvc.yaml: the other's export stage does not rerun for them)
-TARGET_ONLY, DRAFT_ONLY = ("prefill_chunk", "stock_forward"), ("draft_head",)
+TARGET_ONLY, DRAFT_ONLY = ("prefill_chunk", "stock_forward"), ("draft_head", "draft_vocab")
 
 
 def merge_weights(ptds: list[Path], out: Path) -> dict:

@@ -13,6 +13,7 @@ target alone decides what is accepted.
 
 import json
 from collections import Counter
+from itertools import chain
 from pathlib import Path
 
 TOKEN_COUNTS = "token_counts.json"
@@ -42,8 +43,8 @@ def kept_ids(counts: dict[int, int], size: int, vocab_size: int, always: set[int
                          f"end-of-turn tokens and at most its vocabulary of {vocab_size}; use a size in between "
                          "or full")
     chosen = set(always)
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))
-    for t in [t for t in ranked if t < vocab_size] + list(range(vocab_size)):
+    ranked = sorted((t for t in counts if t < vocab_size), key=lambda t: (-counts[t], t))
+    for t in chain(ranked, range(vocab_size)):
         if len(chosen) == size:
             break
         chosen.add(t)

@@ -110,8 +110,7 @@ class ToVocab(nn.Module):
 def reduce_head(draft: Draft, ids: list[int]) -> None:
     """`export.draft_vocab`: the draft scores only the tokens `ids` (its own copy of those rows of the borrowed
     head), placed back in the full vocabulary after the logit scale and softcap, so those stay exact."""
-    weight = draft.lm_head.weight
-    head = nn.Linear(weight.shape[1], len(ids), bias=False, dtype=weight.dtype)
-    head.weight = nn.Parameter(weight.detach()[torch.tensor(ids)].clone(), requires_grad=False)
-    draft.lm_head = head
-    draft.to_vocab = ToVocab(torch.tensor(ids), weight.shape[0])
+    weight, kept = draft.lm_head.weight, torch.tensor(ids)
+    draft.lm_head = nn.Linear(weight.shape[1], len(ids), bias=False, dtype=weight.dtype)
+    draft.lm_head.weight = nn.Parameter(weight.detach()[kept].clone(), requires_grad=False)
+    draft.to_vocab = ToVocab(kept, weight.shape[0])

@@ -119,6 +119,33 @@ def test_a_short_bad_stretch_does_not_stop_a_good_draft():
     assert sum(r.accepted <= 1 for r in out.rounds) >= 6 and all(r.drafted for r in out.rounds[:-1])
 
 
+def test_a_draft_wrong_after_long_prompts_stops_being_paid_for_there_alone():
+    """Right after short prompts, confidently wrong after long ones (the built-in draft trained on short chats,
+    after a document): what auto learned after short prompts does not keep it drafting after long ones for
+    long, and what it learns after long ones does not stop it drafting after short ones (bands of context)."""
+    planner = by_curve(curve(0.1))
+    draft = ScriptedDraft(right=lambda p: p < 290)
+
+    def generate(prompt: int, n: int) -> tuple[list, float]:  # the rounds, and their cost by the curve over plain steps
+        out = generate_dflash(target, draft, TRUTH[:prompt], n, set(), 1024, 16, 16, MASK, planner=planner)
+        assert out.tokens == TRUTH[prompt:prompt + n]
+        pos, cost, plain = prompt, 0.0, 0.0
+        for r in out.rounds:
+            cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.verified + 1, pos)
+            plain += r.emitted * planner.curve.target(1, pos)
+            pos += r.emitted
+        return out.rounds, cost / plain
+
+    for _ in range(10):
+        generate(10, 40)
+    first, *rest = [generate(prompt, 60) for prompt in (300, 340, 380, 420, 500)]
+    entry = next(i for i, r in enumerate(first[0]) if not r.drafted)  # rounds drafted before the first plain step
+    assert entry <= 8 and first[1] < 1.35  # a few rounds to learn it there
+    assert all(sum(r.drafted > 0 for r in rounds) <= 3 and cost < 1.03 for rounds, cost in rest)  # then probes
+    rounds, cost = generate(10, 40)
+    assert rounds[0].drafted == 15 and all(r.drafted for r in rounds) and cost < 0.4
+
+
 def test_a_round_that_ends_its_generation_counts_no_tokens_past_its_end():
     """Replies of 6 tokens, one round each (a block of 5 fits what is left): a longer block would have
     emitted nothing more, so the openings' window credits none (extrapolating would favour blocks of 16)."""
@@ -126,7 +153,7 @@ def test_a_round_that_ends_its_generation_counts_no_tokens_past_its_end():
     for _ in range(40):
         out = generate_dflash(target, ScriptedDraft(), TRUTH[:10], 6, set(), 1024, 16, 16, MASK, planner=planner)
         assert out.tokens == TRUTH[10:16] and len(out.rounds) == 1
-    assert planner.openings.total[15] == pytest.approx(planner.openings.total[4]) == 32 * 5
+    assert planner.band.openings.total[15] == pytest.approx(planner.band.openings.total[4]) == 32 * 5
 
 
 def test_openings_choose_their_block_from_their_own_window():
@@ -144,18 +171,18 @@ def test_openings_choose_their_block_from_their_own_window():
 def test_probes_reset_when_the_draft_is_sure_again():
     planner = by_curve(curve(0.1))
     for _ in range(32):  # recent rounds: useless
-        planner.later.add(expected_tokens([0.01] * 15))
+        planner.band.later.add(expected_tokens([0.01] * 15))
     blocks = [planner.block(100, 16) for _ in range(4)]
     assert blocks[0] > 1 and blocks[1:3] == [1, 1] and blocks[3] > 1  # a probe, two plain steps, a probe
     sure = torch.full((blocks[3] - 1, V), -10.0)
     sure[:, 0] = 10.0
     k = planner.verify_count(sure, 100)
     planner.observe(k, accepted=0, seconds=0.0)  # a probe that failed: the next plain stretch is twice as long
-    assert k > 0 and (planner.plain_left, planner.probe_gap) == (4, 8)
+    assert k > 0 and (planner.band.plain_left, planner.band.probe_gap) == (4, 8)
     assert [planner.block(100, 16) for _ in range(5)][4] > 1  # four plain steps, then a probe
     k = planner.verify_count(sure, 100)
     planner.observe(k, accepted=k, seconds=0.0)  # one that paid: draft again at once
-    assert (planner.plain_left, planner.probe_gap) == (0, 2) and planner.block(100, 16) > 1
+    assert (planner.band.plain_left, planner.band.probe_gap) == (0, 2) and planner.block(100, 16) > 1
 
 
 def test_confidence_is_read_only_while_choosing_k_pays_for_it(monkeypatch):

@@ -17,6 +17,11 @@ tokens, a_i being the chance the target accepts proposal i once it accepted thos
   decodes plainly and probes the draft again after 2, 4, ... 32 plain steps: a draft that never helps
   costs one draft call per 32 tokens, and one that starts helping again is back as soon as the last
   few rounds say so. A few bad rounds in a row alone, common with a good draft, do not stop it.
+- All it learns of the draft is kept per band of context (the depth a generation opens at, doubling: under
+  128 positions, 128-255, 256-511, ...): a draft trained on short chats accepts nothing after a document, and
+  one state for both let long prompts draft on what short ones had earned (the built-in pair's `long` bench
+  category at 0.64-0.70x plain decoding) while short ones fell back after them. A band not seen yet starts
+  from the nearest one seen, weighed as one round, so that its first few rounds decide.
 
 k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any
 prefix keeps DFlash exact: greedy output is plain greedy decoding's, sampled output has its
@@ -24,6 +29,7 @@ distribution. Decisions use the cost curve plus what rounds take beyond it (lear
 times), so they vary from run to run; the tokens do not.
 """
 
+import copy
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -209,20 +215,57 @@ def expected_tokens(acceptance: list[float]) -> list[float]:
 
 class _Window:
     """E(k) rows of the last `size` rounds, with their sums over all of them (`total`) and over the last
-    `react` (`lately`), kept current row by row."""
+    `react` (`lately`), kept current row by row. It starts from one row (a prior: what the planner believes
+    before any round), so that the first rounds it sees weigh as much as they say: from a full window of prior
+    rows, a draft that never accepted in a new context drafted 15-16 rounds before the window let it stop."""
 
     def __init__(self, row: list[float], size: int, react: int):
-        self.rows, self.react, self.count = [row] * size, react, 0
-        self.total, self.lately = [size * e for e in row], [react * e for e in row]
+        self.rows, self.size, self.react = [row], size, react
+        self.total, self.lately = row[:], row[:]
+
+    def mean(self) -> list[float]:
+        return [t / len(self.rows) for t in self.total]
 
     def add(self, row: list[float]) -> None:
-        size = len(self.rows)
-        i = self.count % size
-        old, leaving = self.rows[i], self.rows[(self.count - self.react) % size]
-        self.total = [t - o + e for t, o, e in zip(self.total, old, row)]
-        self.lately = [t - o + e for t, o, e in zip(self.lately, leaving, row)]
-        self.rows[i] = row
-        self.count += 1
+        if len(self.rows) >= self.react:
+            self.lately = [t - o + e for t, o, e in zip(self.lately, self.rows[-self.react], row)]
+        else:
+            self.lately = [t + e for t, e in zip(self.lately, row)]
+        if len(self.rows) == self.size:
+            self.total = [t - o + e for t, o, e in zip(self.total, self.rows.pop(0), row)]
+        else:
+            self.total = [t + e for t, e in zip(self.total, row)]
+        self.rows.append(row)
+
+
+BAND = 128  # bands of context: band 0 holds generations opening below BAND, band i those at BAND * [2^(i-1), 2^i)
+
+
+def band_of(pos: int) -> int:
+    """The band of context of a generation that opens at `pos` (its prompt's length): doubling with depth."""
+    return (pos // BAND).bit_length()
+
+
+class _Band:
+    """What the planner knows of the draft in one band of context: how often the target accepts its proposals
+    (by confidence and by position), the windows of rounds, and whether it is falling back to plain steps. A
+    draft may be right after short prompts and wrong after long ones (the built-in draft trained on short chats
+    accepts nothing after a document): with one state for all, long prompts drafted on what short ones had
+    earned, and short ones fell back after them."""
+
+    def __init__(self, calibration: Calibration, position_rate: list[float], later: list[float],
+                 openings: list[float], window: int, react: int, chosen: int):
+        self.calibration, self.position_rate = calibration, position_rate
+        self.later, self.openings = _Window(later, window, react), _Window(openings, window, react)
+        self.chosen, self.probe_gap, self.plain_left, self.falling_back = chosen, 2, 0, False
+
+    def seeded(self) -> "_Band":
+        """A band not seen yet starts from this one (the nearest seen): what it learned, each window held as
+        one round's worth of evidence, so that a few rounds in the new band overrule it."""
+        band = _Band(copy.deepcopy(self.calibration), self.position_rate[:], self.later.mean(),
+                     self.openings.mean(), self.later.size, self.later.react, self.chosen)
+        band.probe_gap, band.plain_left, band.falling_back = self.probe_gap, self.plain_left, self.falling_back
+        return band
 
 
 class AdaptivePlanner:
@@ -233,6 +276,8 @@ class AdaptivePlanner:
     how often it accepted each position lately. It falls back to plain steps when the last `react` rounds
     and the whole window say they are better, and drafts again when the last `react` say it pays;
     falling back, it probes the draft after 2, 4, .. `max_probe_gap` plain steps.
+    All of that it learns per band of context (`band_of` the generation's opening position, `_Band`): a draft
+    that stops accepting after long prompts stops being paid for there and keeps its blocks after short ones.
     A generation's first round (its opening, right after the prompt) chooses its block from a window of
     openings alone: there the reply often goes as the prompt leads (the built-in pair at block 16: 10.9
     proposals accepted in openings, 3.6-5.9 in later rounds; code 15 of 15), so one block for all rounds
@@ -243,13 +288,13 @@ class AdaptivePlanner:
     def __init__(self, curve: CostCurve, max_block: int, window: int = 32, react: int = 4, max_probe_gap: int = 32,
                  time_weight: float = 0.05):
         self.curve, self.max_block = curve, min(max_block, curve.max_block)
-        self.calibration = Calibration()
-        self.position_rate = [0.9] * (self.max_block - 1)  # how often proposal i was accepted when tested
-        optimistic = expected_tokens(self.position_rate)  # what windows hold at first
-        self.later, self.openings = _Window(optimistic, window, react), _Window(optimistic, window, react)
-        self.rounds, self.max_probe_gap, self._opening = 0, max_probe_gap, False
-        self.probe_gap, self.plain_left, self._probing, self.falling_back = 2, 0, False, False
-        self._confidence, self._acceptance, self._pos, self._block, self._chosen = [], [], 0, 1, self.max_block
+        position_rate = [0.9] * (self.max_block - 1)  # how often proposal i was accepted when tested
+        optimistic = expected_tokens(position_rate)  # what windows hold at first
+        self.band = _Band(Calibration(), position_rate, optimistic, optimistic, window, react, self.max_block)
+        self.bands: dict[int, _Band] = {}  # those seen, by band_of; self.band: the current generation's
+        self.rounds, self.max_probe_gap, self._opening, self._probing = 0, max_probe_gap, False, False
+        self._rejected = False  # the last round's first proposal was rejected: its block is decided anew
+        self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
         self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
         self.per_call = 0.0  # ms each program call takes here beyond the curve (host work, caches), learned
         self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone)
@@ -282,39 +327,50 @@ class AdaptivePlanner:
         opening = pos != self._next_pos
         if self._pending:
             self._commit(ended=opening)
+        if opening:
+            self.band = self._band_at(pos)
         self._probing, self._pos, self._block, self._started = False, pos, 1, time.perf_counter()
         block = self._later_block(pos, room)
         self._opening = opening and block > 1 and not self._probing
         if self._opening:
             cost = [self._round_ms(pos, b, b - 1) for b in range(1, min(room, self.max_block) + 1)]
-            total = self.openings.total
+            total = self.band.openings.total
             block = 2 + max(range(len(cost) - 1), key=lambda b: total[b + 1] / cost[b + 1])
         return block
 
+    def _band_at(self, pos: int) -> _Band:
+        """The state of `pos`'s band; one not seen yet starts from the nearest seen (the shallower on ties)."""
+        key = band_of(pos)
+        if key not in self.bands:
+            nearest = min(self.bands, key=lambda k: (abs(k - key), k), default=None)
+            self.bands[key] = self.band if nearest is None else self.bands[nearest].seeded()
+        return self.bands[key]
+
     def _later_block(self, pos: int, room: int) -> int:
         """The block the window of rounds past their generation's opening says, or 1 (falling back)."""
-        if self.plain_left > 0:  # falling back: nothing learned since the last probe
-            self.plain_left -= 1
+        band = self.band
+        if band.plain_left > 0:  # falling back: nothing learned since the last probe
+            band.plain_left -= 1
             return 1
         room = min(room, self.max_block)
         if room < 2:
             return 1
-        if self.rounds % 4 and not self.falling_back and self._chosen <= room:
-            return self._chosen
+        if self.rounds % 4 and not self._rejected and not band.falling_back and band.chosen <= room:
+            return band.chosen
         cost = [self._round_ms(pos, b, b - 1) for b in range(1, room + 1)]
-        total = self.later.total
-        self._chosen = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
+        total = band.later.total
+        band.chosen = 2 + max(range(room - 1), key=lambda b: total[b + 1] / cost[b + 1])
 
         def drafting_pays(sums: list[float]) -> bool:  # tokens per ms: some block beats a plain step (sums[0])
             return any(sums[b] / cost[b] > sums[0] / cost[0] for b in range(1, room))
 
         # hysteresis: a short bad stretch alone does not stop drafting, a short good one restarts it
-        if drafting_pays(self.later.lately) or (not self.falling_back and drafting_pays(total)):
-            self.probe_gap, self.falling_back = 2, False
+        if drafting_pays(band.later.lately) or (not band.falling_back and drafting_pays(total)):
+            band.probe_gap, band.falling_back = 2, False
         else:  # a probe: the best drafting block; when it does not pay, the next plain stretch is twice as long
-            self._probing, self.plain_left, self.falling_back = True, self.probe_gap, True
-            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
-        return self._chosen
+            self._probing, band.plain_left, band.falling_back = True, band.probe_gap, True
+            band.probe_gap = min(2 * band.probe_gap, self.max_probe_gap)
+        return band.chosen
 
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int:
         """How many of the draft's proposals (logits [B-1, V]) to verify: the k with the most expected
@@ -324,10 +380,10 @@ class AdaptivePlanner:
         n = draft_logits.shape[0]
         self._pos, self._block = pos, n + 1
         if self.saving <= self.curve.confidence_ms and self.rounds % 8 and not self._probing:
-            self._confidence, self._acceptance = [], self.position_rate[:]
+            self._confidence, self._acceptance = [], self.band.position_rate[:]
             return n
         self._confidence = confidence(draft_logits)
-        self._acceptance = self.calibration(self._confidence) + self.position_rate[n:]
+        self._acceptance = self.band.calibration(self._confidence) + self.band.position_rate[n:]
         expected = expected_tokens(self._acceptance)
         cost = [self._round_ms(pos, n + 1, k) for k in range(n + 1)]
         k = max(range(n + 1), key=lambda k: expected[k] / cost[k])
@@ -344,7 +400,7 @@ class AdaptivePlanner:
         accepted, seen, opening = self._pending
         if ended:
             seen = seen[:accepted] + [0.0] * (len(seen) - accepted)
-        (self.openings if opening else self.later).add(expected_tokens(seen))
+        (self.band.openings if opening else self.band.later).add(expected_tokens(seen))
         self.rounds += 1
         self._pending = None
 
@@ -359,19 +415,21 @@ class AdaptivePlanner:
         over = (1000 * seconds - draft[b - 1] - target[verified]) / (1 + (b > 1))
         self.per_call = max(0.0, self.per_call + self.time_weight * (over - self.per_call))
         self._next_pos = self._pos + accepted + 1
+        self._rejected = verified > 0 and accepted == 0
         if b == 1:
             return
         if not verified:  # none put to the test: the round counts as its draft's confidence said
             self._pending = 0, self._acceptance, self._opening
             return
+        band = self.band
         if self._confidence:
-            self.calibration.observe(self._confidence[:verified], accepted)
+            band.calibration.observe(self._confidence[:verified], accepted)
         for i in range(min(accepted + 1, verified)):
-            self.position_rate[i] += 0.05 * ((i < accepted) - self.position_rate[i])
+            band.position_rate[i] += 0.05 * ((i < accepted) - band.position_rate[i])
         if accepted < verified:  # rejected there: nothing after it would have counted
             self._pending = accepted, [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted), self._opening
         else:
             self._pending = accepted, [1.0] * accepted + self._acceptance[accepted:], self._opening
         if self._probing and (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, b, verified):
             # the probe paid: the draft may be right again; decide at once, by the last rounds
-            self.plain_left, self.probe_gap = 0, 2
+            band.plain_left, band.probe_gap = 0, 2

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -278,30 +279,59 @@ void Calibration::observe(const std::vector<double>& confidence, int64_t accepte
 }
 
 Window::Window(const std::vector<double>& row, size_t size, size_t react)
-    : total(scaled(row, size)), lately(scaled(row, react)), rows_(size, row), react_(react) {}
+    : total(row), lately(row), size(size), react(react), rows_{row} {}
+
+std::vector<double> Window::mean() const {
+  std::vector<double> out;
+  for (double t : total) out.push_back(t / static_cast<double>(rows_.size()));
+  return out;
+}
 
 void Window::add(const std::vector<double>& row) {
-  const auto size = static_cast<int64_t>(rows_.size());
-  const size_t i = count_ % size;
-  const std::vector<double>& old = rows_[i];
-  const std::vector<double>& leaving = rows_[((count_ - react_) % size + size) % size];
-  for (size_t t = 0; t < row.size(); ++t) {
-    total[t] = total[t] - old[t] + row[t];
-    lately[t] = lately[t] - leaving[t] + row[t];
+  if (rows_.size() >= react) {
+    const std::vector<double>& leaving = rows_[rows_.size() - react];
+    for (size_t t = 0; t < row.size(); ++t) lately[t] = lately[t] - leaving[t] + row[t];
+  } else {
+    for (size_t t = 0; t < row.size(); ++t) lately[t] = lately[t] + row[t];
   }
-  rows_[i] = row;
-  ++count_;
+  if (rows_.size() == size) {
+    for (size_t t = 0; t < row.size(); ++t) total[t] = total[t] - rows_.front()[t] + row[t];
+    rows_.pop_front();
+  } else {
+    for (size_t t = 0; t < row.size(); ++t) total[t] = total[t] + row[t];
+  }
+  rows_.push_back(row);
+}
+
+int64_t band_of(int64_t pos) {
+  int64_t band = 0;
+  for (int64_t q = pos / kBand; q > 0; q >>= 1) ++band;  // Python's int.bit_length()
+  return band;
+}
+
+Band::Band(Calibration calibration, std::vector<double> position_rate, const std::vector<double>& later,
+           const std::vector<double>& openings, size_t window, size_t react, int64_t chosen)
+    : calibration(std::move(calibration)),
+      position_rate(std::move(position_rate)),
+      later(later, window, react),
+      openings(openings, window, react),
+      chosen(chosen) {}
+
+Band Band::seeded() const {
+  Band band(calibration, position_rate, later.mean(), openings.mean(), later.size, later.react, chosen);
+  band.probe_gap = probe_gap, band.plain_left = plain_left, band.falling_back = falling_back;
+  return band;
 }
 
 AdaptivePlanner::AdaptivePlanner(CostCurve curve, int64_t max_block, size_t window, size_t react,
                                  int64_t max_probe_gap, double time_weight)
     : curve_(std::move(curve)),
       max_block_(std::min(max_block, curve_.max_block())),
-      position_rate_(max_block_ - 1, 0.9),
-      later_(expected_tokens(position_rate_), window, react),
-      openings_(expected_tokens(position_rate_), window, react),
+      first_(Calibration(), std::vector<double>(max_block_ - 1, 0.9),
+             expected_tokens(std::vector<double>(max_block_ - 1, 0.9)),
+             expected_tokens(std::vector<double>(max_block_ - 1, 0.9)), window, react, max_block_),
+      band_(&first_),
       max_probe_gap_(max_probe_gap),
-      chosen_(max_block_),
       saving_(std::numeric_limits<double>::infinity()),
       time_weight_(time_weight) {}
 
@@ -334,42 +364,56 @@ int64_t AdaptivePlanner::best_block(const std::vector<double>& total, const std:
 int64_t AdaptivePlanner::block(int64_t pos, int64_t room) {
   const bool opening = pos != next_pos_;
   if (pending_) commit(opening);
+  if (opening) band_ = &band_at(pos);
   probing_ = false, pos_ = pos, block_ = 1, started_ = now();
   int64_t block = later_block(pos, room);
   opening_ = opening && block > 1 && !probing_;
   if (opening_) {
     std::vector<double> cost;
     for (int64_t b = 1; b <= std::min(room, max_block_); ++b) cost.push_back(round_ms(pos, b, b - 1));
-    block = best_block(openings_.total, cost, cost.size() - 1);
+    block = best_block(band_->openings.total, cost, cost.size() - 1);
   }
   return block;
 }
 
+Band& AdaptivePlanner::band_at(int64_t pos) {
+  const int64_t key = band_of(pos);
+  auto found = bands_.find(key);
+  if (found != bands_.end()) return found->second;
+  if (bands_.empty()) return bands_.emplace(key, first_).first->second;
+  int64_t nearest = bands_.begin()->first;  // the nearest seen, the shallower on ties (min by (|k - key|, k))
+  for (const auto& [k, band] : bands_) {
+    if (std::abs(k - key) < std::abs(nearest - key)) nearest = k;
+  }
+  return bands_.emplace(key, bands_.at(nearest).seeded()).first->second;
+}
+
 int64_t AdaptivePlanner::later_block(int64_t pos, int64_t room) {
-  if (plain_left_ > 0) {
-    --plain_left_;
+  Band& band = *band_;
+  if (band.plain_left > 0) {
+    --band.plain_left;
     return 1;
   }
   room = std::min(room, max_block_);
   if (room < 2) return 1;
-  if (rounds_ % 4 && !falling_back_ && chosen_ <= room) return chosen_;
+  if (rounds_ % 4 && !rejected_ && !band.falling_back && band.chosen <= room) return band.chosen;
   std::vector<double> cost;
   for (int64_t b = 1; b <= room; ++b) cost.push_back(round_ms(pos, b, b - 1));
-  const std::vector<double>& total = later_.total;
-  chosen_ = best_block(total, cost, room - 1);
+  const std::vector<double>& total = band.later.total;
+  band.chosen = best_block(total, cost, room - 1);
   const auto drafting_pays = [&](const std::vector<double>& sums) {
     for (int64_t b = 1; b < room; ++b) {
       if (sums[b] / cost[b] > sums[0] / cost[0]) return true;
     }
     return false;
   };
-  if (drafting_pays(later_.lately) || (!falling_back_ && drafting_pays(total))) {
-    probe_gap_ = 2, falling_back_ = false;
+  if (drafting_pays(band.later.lately) || (!band.falling_back && drafting_pays(total))) {
+    band.probe_gap = 2, band.falling_back = false;
   } else {
-    probing_ = true, plain_left_ = probe_gap_, falling_back_ = true;
-    probe_gap_ = std::min(2 * probe_gap_, max_probe_gap_);
+    probing_ = true, band.plain_left = band.probe_gap, band.falling_back = true;
+    band.probe_gap = std::min(2 * band.probe_gap, max_probe_gap_);
   }
-  return chosen_;
+  return band.chosen;
 }
 
 int64_t AdaptivePlanner::verify_count(const float* logits, int64_t rows, int64_t vocab, int64_t pos) {
@@ -377,12 +421,12 @@ int64_t AdaptivePlanner::verify_count(const float* logits, int64_t rows, int64_t
   pos_ = pos, block_ = n + 1;
   if (saving_ <= curve_.confidence_ms && rounds_ % 8 && !probing_) {
     confidence_.clear();
-    acceptance_ = position_rate_;
+    acceptance_ = band_->position_rate;
     return n;
   }
   confidence_ = confidence(logits, rows, vocab);
-  acceptance_ = calibration_(confidence_);
-  acceptance_.insert(acceptance_.end(), position_rate_.begin() + n, position_rate_.end());
+  acceptance_ = band_->calibration(confidence_);
+  acceptance_.insert(acceptance_.end(), band_->position_rate.begin() + n, band_->position_rate.end());
   const std::vector<double> expected = expected_tokens(acceptance_);
   std::vector<double> cost;
   for (int64_t k = 0; k <= n; ++k) cost.push_back(round_ms(pos, n + 1, k));
@@ -398,7 +442,7 @@ int64_t AdaptivePlanner::verify_count(const float* logits, int64_t rows, int64_t
 void AdaptivePlanner::commit(bool ended) {
   Pending& p = *pending_;
   if (ended) std::fill(p.row.begin() + p.accepted, p.row.end(), 0.0);
-  (p.opening ? openings_ : later_).add(expected_tokens(p.row));
+  (p.opening ? band_->openings : band_->later).add(expected_tokens(p.row));
   ++rounds_;
   pending_.reset();
 }
@@ -411,14 +455,16 @@ void AdaptivePlanner::observe(int64_t verified, int64_t accepted, double seconds
   const double over = (1000 * seconds - draft[b - 1] - target[verified]) / (1 + (b > 1));
   per_call_ = std::max(0.0, per_call_ + time_weight_ * (over - per_call_));
   next_pos_ = pos_ + accepted + 1;
+  rejected_ = verified > 0 && accepted == 0;
   if (b == 1) return;
   if (!verified) {
     pending_ = Pending{0, acceptance_, opening_};
     return;
   }
-  if (!confidence_.empty()) calibration_.observe({confidence_.begin(), confidence_.begin() + verified}, accepted);
+  Band& band = *band_;
+  if (!confidence_.empty()) band.calibration.observe({confidence_.begin(), confidence_.begin() + verified}, accepted);
   for (int64_t i = 0; i < std::min(accepted + 1, verified); ++i) {
-    position_rate_[i] += 0.05 * ((i < accepted ? 1.0 : 0.0) - position_rate_[i]);
+    band.position_rate[i] += 0.05 * ((i < accepted ? 1.0 : 0.0) - band.position_rate[i]);
   }
   std::vector<double> row(accepted, 1.0);
   if (accepted < verified) {
@@ -428,7 +474,7 @@ void AdaptivePlanner::observe(int64_t verified, int64_t accepted, double seconds
   }
   pending_ = Pending{accepted, std::move(row), opening_};
   if (probing_ && (accepted + 1) * round_ms(pos_, 1, 0) > round_ms(pos_, b, verified)) {
-    plain_left_ = 0, probe_gap_ = 2;
+    band.plain_left = 0, band.probe_gap = 2;
   }
 }
 

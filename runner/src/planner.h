@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -63,16 +64,36 @@ class Calibration {
   double memory_;
 };
 
-// E(k) rows of the last `size` rounds, summed over all of them (total) and over the last `react` (lately).
+// E(k) rows of the last `size` rounds, summed over all of them (total) and over the last `react` (lately),
+// starting from one prior row (adaptive._Window).
 class Window {
  public:
   Window(const std::vector<double>& row, size_t size, size_t react);
   void add(const std::vector<double>& row);
+  std::vector<double> mean() const;
   std::vector<double> total, lately;
+  size_t size, react;
 
  private:
-  std::vector<std::vector<double>> rows_;
-  int64_t react_, count_ = 0;
+  std::deque<std::vector<double>> rows_;
+};
+
+// Bands of context: band 0 holds generations opening below kBand, band i those at kBand * [2^(i-1), 2^i).
+constexpr int64_t kBand = 128;
+int64_t band_of(int64_t pos);
+
+// What the planner knows of the draft in one band of context (adaptive._Band).
+struct Band {
+  Band(Calibration calibration, std::vector<double> position_rate, const std::vector<double>& later,
+       const std::vector<double>& openings, size_t window, size_t react, int64_t chosen);
+  // A band not seen yet, started from this one: its windows hold this one's means as one round each.
+  Band seeded() const;
+
+  Calibration calibration;
+  std::vector<double> position_rate;
+  Window later, openings;
+  int64_t chosen, probe_gap = 2, plain_left = 0;
+  bool falling_back = false;
 };
 
 // adaptive.AdaptivePlanner: per-round choices for one stream of generations, learning across them.
@@ -103,17 +124,18 @@ class AdaptivePlanner : public RoundPlanner {
   // 2 + the b in 0..count-1 with the most tokens per ms, total[b + 1] / cost[b + 1] (the first on ties, as max()).
   static int64_t best_block(const std::vector<double>& total, const std::vector<double>& cost, int64_t count);
   int64_t later_block(int64_t pos, int64_t room);
+  Band& band_at(int64_t pos);
   void commit(bool ended);
 
   CostCurve curve_;
   int64_t max_block_;
-  Calibration calibration_;
-  std::vector<double> position_rate_;
-  Window later_, openings_;
-  int64_t rounds_ = 0, max_probe_gap_, probe_gap_ = 2, plain_left_ = 0;
-  bool opening_ = false, probing_ = false, falling_back_ = false;
+  std::map<int64_t, Band> bands_;  // those seen, by band_of
+  Band first_;                     // the stream's first band until a generation opens
+  Band* band_;                     // the current generation's
+  int64_t rounds_ = 0, max_probe_gap_;
+  bool opening_ = false, probing_ = false, rejected_ = false;
   std::vector<double> confidence_, acceptance_;
-  int64_t pos_ = 0, block_ = 1, chosen_, next_pos_ = 0;
+  int64_t pos_ = 0, block_ = 1, next_pos_ = 0;
   double saving_, per_call_ = 0, time_weight_, started_ = 0;
   std::optional<Pending> pending_;
   std::map<int64_t, Costs> costs_;

@@ -19,9 +19,9 @@ tokens, a_i being the chance the target accepts proposal i once it accepted thos
   few rounds say so. A few bad rounds in a row alone, common with a good draft, do not stop it.
 - All it learns of the draft is kept per band of context (the depth a generation opens at, doubling: under
   128 positions, 128-255, 256-511, ...): a draft trained on short chats accepts nothing after a document, and
-  one state for both let long prompts draft on what short ones had earned (the built-in pair's `long` bench
-  category at 0.64-0.70x plain decoding) while short ones fell back after them. A band not seen yet starts
-  from the nearest one seen, weighed as one round, so that its first few rounds decide.
+  one state for both let long prompts draft on what short ones had earned while short ones fell back after
+  them (docs/measurements.md#auto-per-band-of-context-2026-12-05). A band not seen yet starts from the
+  nearest one seen, weighed as one round, so that its first few rounds decide.
 
 k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any
 prefix keeps DFlash exact: greedy output is plain greedy decoding's, sampled output has its
@@ -217,7 +217,7 @@ class _Window:
     """E(k) rows of the last `size` rounds, with their sums over all of them (`total`) and over the last
     `react` (`lately`), kept current row by row. It starts from one row (a prior: what the planner believes
     before any round), so that the first rounds it sees weigh as much as they say: from a full window of prior
-    rows, a draft that never accepted in a new context drafted 15-16 rounds before the window let it stop."""
+    rows, a draft that never accepted in a new context drafted tens of rounds before the window let it stop."""
 
     def __init__(self, row: list[float], size: int, react: int):
         self.rows, self.size, self.react = [row], size, react

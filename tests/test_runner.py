@@ -262,15 +262,18 @@ def test_the_runners_planner_makes_adaptive_pys_choices(runner, tmp_path):
                 confidence = adaptive_confidence(logits)
                 while accepted < k and rng.random() < (0.05 if wrong else confidence[accepted]):
                     accepted += 1
-            seconds = (curve.target(k + 1, pos) + (b > 1) * curve.draft(max(b, 2), pos) + rng.uniform(0.2, 1.0)) / 1000
+            dear = (kind == "probe") * rng.uniform(0, 3) * curve.target(1, pos)  # its draft read a long context
+            seconds = (curve.target(k + 1, pos) + (b > 1) * curve.draft(max(b, 2), pos) + rng.uniform(0.2, 1.0) + dear) / 1000
+            gap = python.band.plain_left
             python.observe(k, accepted, seconds)
             cpp.observe(k, accepted, seconds)
+            seen["probe priced"] += python.band.plain_left > gap
             assert cpp.learned() == (python.saving, python.per_call), f"round {rounds}: what it learned"
             pos += accepted + 1
             emitted += accepted + 1
             if rng.random() < 0.04:  # end of text
                 break
-    assert min(seen.values()) >= 20 and len(seen) == 6, seen  # every kind of round, many times
+    assert min(seen.values()) >= 20 and len(seen) == 7, seen  # every kind of round, many times
 
 
 def test_the_runners_planner_refuses_curves_as_adaptive_py_does(runner, tmp_path):

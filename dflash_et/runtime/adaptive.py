@@ -14,14 +14,16 @@ tokens, a_i being the chance the target accepts proposal i once it accepted thos
   by what the target accepted in them; it is decided anew every 4th round. A generation's first round
   takes the block its last openings would have done best with.
 - When both the last few rounds and the window say a plain target step (B = 1) gives more, it
-  decodes plainly and probes the draft again after 2, 4, ... 32 plain steps: a draft that never helps
-  costs one draft call per 32 tokens, and one that starts helping again is back as soon as the last
-  few rounds say so. A few bad rounds in a row alone, common with a good draft, do not stop it.
+  decodes plainly and probes the draft again after 2, 4, ... 32 plain steps, each stretch as many times
+  longer as the probe before it cost beyond the plain steps it stood for (a probe after a long prompt makes
+  the draft read all of it first: 3-4 plain steps' worth): a draft that never helps costs at most a 32nd
+  of decoding's time, and one that starts helping again is back as soon as the last few rounds say so.
+  A few bad rounds in a row alone, common with a good draft, do not stop it.
 - All it learns of the draft is kept per band of context (the depth a generation opens at, doubling: under
   128 positions, 128-255, 256-511, ...): a draft trained on short chats accepts nothing after a document, and
   one state for both let long prompts draft on what short ones had earned while short ones fell back after
   them (docs/measurements.md#auto-per-band-of-context-2026-12-05). A band not seen yet starts from the
-  nearest one seen, weighed as one round, so that its first few rounds decide.
+  nearest one seen, until its own first round replaces that.
 
 k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any
 prefix keeps DFlash exact: greedy output is plain greedy decoding's, sampled output has its
@@ -31,6 +33,7 @@ times), so they vary from run to run; the tokens do not.
 
 import copy
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -217,16 +220,23 @@ class _Window:
     """E(k) rows of the last `size` rounds, with their sums over all of them (`total`) and over the last
     `react` (`lately`), kept current row by row. It starts from one row (a prior: what the planner believes
     before any round), so that the first rounds it sees weigh as much as they say: from a full window of prior
-    rows, a draft that never accepted in a new context drafted tens of rounds before the window let it stop."""
+    rows, a draft that never accepted in a new context drafted tens of rounds before the window let it stop.
+    A prior `borrowed` from another band of context is replaced by the first round seen here: weighed as one
+    round, a short band's rounds kept a draft that accepted nothing after a document drafting for 3 more
+    rounds after its first rejection (docs/measurements.md#auto-per-band-of-context-2026-12-05)."""
 
-    def __init__(self, row: list[float], size: int, react: int):
+    def __init__(self, row: list[float], size: int, react: int, borrowed: bool = False):
         self.rows, self.size, self.react = [row], size, react
         self.total, self.lately = row[:], row[:]
+        self.borrowed = borrowed  # the prior row is another band's: the first round seen here replaces it
 
     def mean(self) -> list[float]:
         return [t / len(self.rows) for t in self.total]
 
     def add(self, row: list[float]) -> None:
+        if self.borrowed:
+            self.rows, self.total, self.lately, self.borrowed = [row], row[:], row[:], False
+            return
         if len(self.rows) >= self.react:
             self.lately = [t - o + e for t, o, e in zip(self.lately, self.rows[-self.react], row)]
         else:
@@ -261,9 +271,10 @@ class _Band:
 
     def seeded(self) -> "_Band":
         """A band not seen yet starts from this one (the nearest seen): what it learned, each window held as
-        one round's worth of evidence, so that a few rounds in the new band overrule it."""
+        one round until the new band's first round replaces both."""
         band = _Band(copy.deepcopy(self.calibration), self.position_rate[:], self.later.mean(),
                      self.openings.mean(), self.later.size, self.later.react, self.chosen)
+        band.later.borrowed = band.openings.borrowed = True
         band.probe_gap, band.plain_left, band.falling_back = self.probe_gap, self.plain_left, self.falling_back
         return band
 
@@ -275,7 +286,8 @@ class AdaptivePlanner:
     last `window` rounds, judged by what the target accepted in them and, past what they verified, by
     how often it accepted each position lately. It falls back to plain steps when the last `react` rounds
     and the whole window say they are better, and drafts again when the last `react` say it pays;
-    falling back, it probes the draft after 2, 4, .. `max_probe_gap` plain steps.
+    falling back, it probes the draft after 2, 4, .. `max_probe_gap` plain steps, times what the probe before
+    cost in plain steps beyond those it stood for.
     All of that it learns per band of context (`band_of` the generation's opening position, `_Band`): a draft
     that stops accepting after long prompts stops being paid for there and keeps its blocks after short ones.
     A generation's first round (its opening, right after the prompt) chooses its block from a window of
@@ -297,7 +309,8 @@ class AdaptivePlanner:
         self._confidence, self._acceptance, self._pos, self._block = [], [], 0, 1
         self.saving = float("inf")  # ms a round saves by choosing k, lately, by the cost curve
         self.per_call = 0.0  # ms each program call takes here beyond the curve (host work, caches), learned
-        self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone)
+        self.time_weight = time_weight  # how fast per_call follows the rounds' wall times (0: the curve alone,
+        # probes priced by it too)
         self._started = 0.0
         self._pending: tuple[int, list[float], bool] | None = None  # the last round's (accepted, row, opening),
         # until the next round shows whether its generation went on
@@ -400,7 +413,10 @@ class AdaptivePlanner:
         accepted, seen, opening = self._pending
         if ended:
             seen = seen[:accepted] + [0.0] * (len(seen) - accepted)
-        (self.band.openings if opening else self.band.later).add(expected_tokens(seen))
+        row = expected_tokens(seen)
+        (self.band.openings if opening else self.band.later).add(row)
+        for window in (self.band.openings, self.band.later):  # the band's first round: all it knows of it
+            window.borrowed and window.add(row)
         self.rounds += 1
         self._pending = None
 
@@ -418,10 +434,16 @@ class AdaptivePlanner:
         self._rejected = verified > 0 and accepted == 0
         if b == 1:
             return
+        band, plain = self.band, self._round_ms(self._pos, 1, 0)
+        if self._probing and (accepted + 1) * plain > self._round_ms(self._pos, b, verified):
+            # the probe paid: the draft may be right again; decide at once, by the last rounds
+            band.plain_left, band.probe_gap = 0, 2
+        elif self._probing:  # it did not: what it cost beyond the plain steps it stood for prices the next
+            spent = 1000 * seconds if self.time_weight else self._round_ms(self._pos, b, verified)
+            band.plain_left = max(band.plain_left, math.ceil(band.plain_left * (spent / plain - accepted - 1)))
         if not verified:  # none put to the test: the round counts as its draft's confidence said
             self._pending = 0, self._acceptance, self._opening
             return
-        band = self.band
         if self._confidence:
             band.calibration.observe(self._confidence[:verified], accepted)
         for i in range(min(accepted + 1, verified)):
@@ -430,6 +452,3 @@ class AdaptivePlanner:
             self._pending = accepted, [1.0] * accepted + [0.0] * (len(self._acceptance) - accepted), self._opening
         else:
             self._pending = accepted, [1.0] * accepted + self._acceptance[accepted:], self._opening
-        if self._probing and (accepted + 1) * self._round_ms(self._pos, 1, 0) > self._round_ms(self._pos, b, verified):
-            # the probe paid: the draft may be right again; decide at once, by the last rounds
-            band.plain_left, band.probe_gap = 0, 2

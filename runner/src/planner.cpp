@@ -288,6 +288,10 @@ std::vector<double> Window::mean() const {
 }
 
 void Window::add(const std::vector<double>& row) {
+  if (borrowed) {
+    total = lately = row, rows_ = {row}, borrowed = false;
+    return;
+  }
   if (rows_.size() >= react) {
     const std::vector<double>& leaving = rows_[rows_.size() - react];
     for (size_t t = 0; t < row.size(); ++t) lately[t] = lately[t] - leaving[t] + row[t];
@@ -319,6 +323,7 @@ Band::Band(Calibration calibration, std::vector<double> position_rate, const std
 
 Band Band::seeded() const {
   Band band(calibration, position_rate, later.mean(), openings.mean(), later.size, later.react, chosen);
+  band.later.borrowed = band.openings.borrowed = true;
   band.probe_gap = probe_gap, band.plain_left = plain_left, band.falling_back = falling_back;
   return band;
 }
@@ -442,7 +447,11 @@ int64_t AdaptivePlanner::verify_count(const float* logits, int64_t rows, int64_t
 void AdaptivePlanner::commit(bool ended) {
   Pending& p = *pending_;
   if (ended) std::fill(p.row.begin() + p.accepted, p.row.end(), 0.0);
-  (p.opening ? band_->openings : band_->later).add(expected_tokens(p.row));
+  const std::vector<double> row = expected_tokens(p.row);
+  (p.opening ? band_->openings : band_->later).add(row);
+  for (Window* window : {&band_->openings, &band_->later}) {  // the band's first round: all it knows of it
+    if (window->borrowed) window->add(row);
+  }
   ++rounds_;
   pending_.reset();
 }
@@ -457,11 +466,19 @@ void AdaptivePlanner::observe(int64_t verified, int64_t accepted, double seconds
   next_pos_ = pos_ + accepted + 1;
   rejected_ = verified > 0 && accepted == 0;
   if (b == 1) return;
+  Band& band = *band_;
+  const double plain = round_ms(pos_, 1, 0);
+  if (probing_ && (accepted + 1) * plain > round_ms(pos_, b, verified)) {
+    band.plain_left = 0, band.probe_gap = 2;
+  } else if (probing_) {
+    const double spent = time_weight_ != 0 ? 1000 * seconds : round_ms(pos_, b, verified);
+    const double excess = spent / plain - static_cast<double>(accepted) - 1;
+    band.plain_left = std::max(band.plain_left, static_cast<int64_t>(std::ceil(band.plain_left * excess)));
+  }
   if (!verified) {
     pending_ = Pending{0, acceptance_, opening_};
     return;
   }
-  Band& band = *band_;
   if (!confidence_.empty()) band.calibration.observe({confidence_.begin(), confidence_.begin() + verified}, accepted);
   for (int64_t i = 0; i < std::min(accepted + 1, verified); ++i) {
     band.position_rate[i] += 0.05 * ((i < accepted ? 1.0 : 0.0) - band.position_rate[i]);
@@ -473,9 +490,6 @@ void AdaptivePlanner::observe(int64_t verified, int64_t accepted, double seconds
     row.insert(row.end(), acceptance_.begin() + accepted, acceptance_.end());
   }
   pending_ = Pending{accepted, std::move(row), opening_};
-  if (probing_ && (accepted + 1) * round_ms(pos_, 1, 0) > round_ms(pos_, b, verified)) {
-    band.plain_left = 0, band.probe_gap = 2;
-  }
 }
 
 }  // namespace dflash

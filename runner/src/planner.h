@@ -65,7 +65,7 @@ class Calibration {
 };
 
 // E(k) rows of the last `size` rounds, summed over all of them (total) and over the last `react` (lately),
-// starting from one prior row (adaptive._Window).
+// starting from one prior row, which the first row replaces when it is `borrowed` (adaptive._Window).
 class Window {
  public:
   Window(const std::vector<double>& row, size_t size, size_t react);
@@ -73,6 +73,7 @@ class Window {
   std::vector<double> mean() const;
   std::vector<double> total, lately;
   size_t size, react;
+  bool borrowed = false;  // the prior row is another band's
 
  private:
   std::deque<std::vector<double>> rows_;
@@ -86,7 +87,7 @@ int64_t band_of(int64_t pos);
 struct Band {
   Band(Calibration calibration, std::vector<double> position_rate, const std::vector<double>& later,
        const std::vector<double>& openings, size_t window, size_t react, int64_t chosen);
-  // A band not seen yet, started from this one: its windows hold this one's means as one round each.
+  // A band not seen yet, started from this one: its windows hold this one's means until its first round.
   Band seeded() const;
 
   Calibration calibration;

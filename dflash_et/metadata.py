@@ -98,4 +98,6 @@ class DraftMeta(Metadata):
                                         # position minus context_window - 1 (fewer than context_window taps)
     selector_top_k: int | None = None   # a DFlash2 draft: it returns (candidates, unary, pair) with this many
                                         # candidates per position, not logits (runtime.sampling.Lattice)
+    vocab_ids: tuple[int, ...] | None = None  # a reduced head (export.draft_vocab): the token id of each of the
+                                        # N logits it returns (DFlash2: its candidates are token ids already)
 

@@ -1,12 +1,15 @@
-"""export.draft_vocab: the draft's head over the tokens its target emits, placed back in the full vocabulary."""
+"""export.draft_vocab: the draft's head over the tokens its target emits, its N logits read by the runners at their ids."""
 
 import pytest
 import torch
 
-from tests.conftest import REDUCED_VOCAB, chat_checkpoint, random_draft, validate_config
+from tests.conftest import DFLASH2, REDUCED_VOCAB, chat_checkpoint, random_draft, validate_config
 from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts, write_counts
 from dflash_et.errors import ExportError
 from dflash_et.export.lower import ExportConfig, load_models
+from dflash_et.runtime.sampling import Sampler
+
+TOKENS, POS = torch.tensor([[1, 2, 3, 4, 5, 6]]), torch.arange(6)
 
 
 def test_kept_ids_take_the_specials_then_the_most_emitted_then_the_lowest_ids():
@@ -36,26 +39,43 @@ def test_bad_draft_vocab_is_one_line(bad, message):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma4_text"])
-def test_a_reduced_head_scores_its_tokens_as_the_full_head_and_no_other(tmp_path, family):
-    """A Qwen3- and a Gemma-4-shaped target (its logits softcapped) with a z-lab-layout draft: the reduced head's
-    logits are the full head's at the kept ids (after scale and softcap) and -inf everywhere else, so its
-    argmax and its softmax are the full ones restricted to the set."""
+def test_a_reduced_head_scores_its_tokens_as_the_full_head(tmp_path, family):
+    """A Qwen3- and a Gemma-4-shaped target (its logits softcapped) with a z-lab-layout draft: the reduced head's N
+    logits are the full head's at `vocab_ids` (after scale and softcap), so its argmax and its softmax are the full
+    ones restricted to the set."""
     target = chat_checkpoint(tmp_path / "target", family)
     draft = random_draft(tmp_path / "draft", target)
     write_counts(draft, [[300, 300, 301], [301, 300, 302]])
     size = 64
     full = load_models(target, draft, ExportConfig(max_seq_len=64), 64)
     reduced = load_models(target, draft, ExportConfig(max_seq_len=64, draft_vocab=size), 64)
-    tokens, pos = torch.tensor([[1, 2, 3, 4, 5, 6]]), torch.arange(6)
+    ids = reduced[1].vocab_ids
+    assert full[1].vocab_ids is None and reduced[1].lm_head.weight.shape[0] == size
+    assert len(set(ids.tolist())) == size and {300, 301, 302} <= set(ids.tolist())
     with torch.no_grad():
-        _, taps = full[0](tokens, pos)
+        _, taps = full[0](TOKENS, POS)
         block = torch.tensor([[6] + [full[2].mask_token_id] * 7])
-        ref, ours = full[1](block, taps, pos), reduced[1](block, taps, pos)
-    kept = torch.isfinite(ours[0, 0]).nonzero().flatten()
-    assert len(kept) == size and {300, 301, 302} <= set(kept.tolist())
-    assert torch.isfinite(ours).sum() == size * ours.shape[1] and (ours[~torch.isfinite(ours)] == float("-inf")).all()
-    torch.testing.assert_close(ours[..., kept], ref[..., kept], rtol=1e-5, atol=1e-5)
-    assert reduced[1].lm_head.weight.shape[0] == size
+        ref, ours = full[1](block, taps, POS), reduced[1](block, taps, POS)
+    assert ours.shape == (1, 7, size)
+    torch.testing.assert_close(ours, ref[..., ids], rtol=1e-5, atol=1e-5)
+
+
+def test_a_reduced_dflash2_head_gives_the_same_lattice_when_its_candidates_are_kept(tmp_path):
+    """A DFlash2 draft's lattice is of token ids: with its full head's candidates among the kept tokens, the reduced
+    head's lattice is the full one (the selector's codebooks read token ids, not rows of the reduced head)."""
+    target = chat_checkpoint(tmp_path / "target", "qwen3")
+    draft = random_draft(tmp_path / "draft", target, **DFLASH2)
+    full = load_models(target, draft, ExportConfig(max_seq_len=64), 64)
+    with torch.no_grad():
+        _, taps = full[0](TOKENS, POS)
+        block = torch.tensor([[6] + [full[2].mask_token_id] * 7])
+        ref = full[1](block, taps, POS)
+    write_counts(draft, [ref[0].flatten().tolist()])  # the candidates are the most emitted tokens
+    reduced = load_models(target, draft, ExportConfig(max_seq_len=64, draft_vocab=96), 64)
+    with torch.no_grad():
+        ours = reduced[1](block, taps, POS)
+    assert torch.equal(ours[0], ref[0]) and not torch.equal(ours[0], torch.searchsorted(reduced[1].vocab_ids, ref[0]))
+    torch.testing.assert_close(ours[1:], ref[1:], rtol=1e-5, atol=1e-5)
 
 
 def test_reduced_vocab_programs_validate_lossless_and_propose_only_kept_tokens(reduced_vocab_programs, trained_pair):
@@ -71,8 +91,10 @@ def test_reduced_vocab_programs_validate_lossless_and_propose_only_kept_tokens(r
     target, draft = load_programs(reduced_vocab_programs)
     logits, taps = target(torch.tensor([[1, 2, 3]]), torch.arange(3))
     drafted = draft(torch.tensor([[3] + [draft.meta.mask_token_id] * 7]), taps, torch.arange(3))
-    assert (torch.isfinite(drafted).sum(-1) == REDUCED_VOCAB).all()
+    assert drafted.shape == (1, 7, REDUCED_VOCAB) and len(set(draft.vocab_ids.tolist())) == REDUCED_VOCAB
     counts = read_counts(trained_pair[1])
     assert counts and (trained_pair[1] / TOKEN_COUNTS).is_file()
     top = sorted(counts, key=lambda t: -counts[t])[:100]
-    assert torch.isfinite(drafted[0, 0, top]).all()  # the most emitted are kept
+    assert set(top) <= set(draft.vocab_ids.tolist())  # the most emitted are kept
+    proposals, _ = Sampler().propose(drafted[0], draft.vocab_ids, draft.meta.vocab_size)
+    assert proposals == draft.vocab_ids[drafted[0].argmax(-1)].tolist()

@@ -317,10 +317,10 @@ def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prom
         CppEngine(programs, runner, cost_curve=path)
 
 
-@pytest.mark.parametrize("kind", ["programs", "trained_dflash2_programs"])
+@pytest.mark.parametrize("kind", ["programs", "trained_dflash2_programs", "reduced_vocab_programs"])
 def test_runner_samples_the_targets_distribution(kind, request, runner, prompts):
-    """Sampled plain decoding and sampled DFlash (both proposal modes; a DFlash2 draft's walk greedy or drawn)
-    through the runner against plain sampling by the Python engine: per generated position, the chi-square test
+    """Sampled plain decoding and sampled DFlash (both proposal modes; a DFlash2 draft's walk greedy or drawn; a
+    reduced head's proposals read at its ids, q zero outside them) through the runner against plain sampling by the Python engine: per generated position, the chi-square test
     of validate's sampling check (Bonferroni over the positions and modes). The two generators differ, so only
     distributions can agree."""
     from dflash_et.evaluate.same_distribution import chi_square

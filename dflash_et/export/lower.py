@@ -31,7 +31,7 @@ from dflash_et.errors import ExportError
 from dflash_et.export import by_rows
 from dflash_et.export.frugal import Spiller, spilling
 from dflash_et.files import write_json
-from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged
+from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged, method_name
 from dflash_et.models.block import ModelArgs
 from dflash_et.models.deltanet import DeltaNetSpec
 from dflash_et.models.draft import Draft, reduce_head
@@ -382,9 +382,11 @@ def _weight_tag(node: torch.fx.Node) -> str | None:
 
 
 def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path, draft_dir: Path,
-             max_block: int, settings: DraftSettings, context_window: int | None = None) -> dict:
+             max_block: int, settings: DraftSettings, context_window: int | None = None,
+             vocab_ids: tuple[int, ...] | None = None) -> dict:
     """Everything a runner must know, inside the program itself: the constant methods of the records of
-    the methods a program of `kind` holds (dflash_et.metadata); `context_window` is the draft's (models.draft).
+    the methods a program of `kind` holds (dflash_et.metadata); `context_window` and `vocab_ids` are the
+    draft's (models.draft).
 
     Each carries the fingerprint of the checkpoint it was made from; the draft also carries its target's
     and the layers it reads, so a mismatched pair is caught when loading. A hybrid target (only) says
@@ -403,7 +405,7 @@ def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path,
     if kind != "target":
         records.append(DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
                                  draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir),
-                                 context_window=context_window,
+                                 context_window=context_window, vocab_ids=vocab_ids,
                                  selector_top_k=settings.selector[1] if settings.selector else None))
     return merged(*records)
 
@@ -454,7 +456,9 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
                                               ring=config.sliding_cache == "ring" and config.backend != "mlx",
                                               max_block=max_block)
         models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
-        meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window)
+        vocab_ids = None if draft.vocab_ids is None else tuple(draft.vocab_ids.tolist())
+        meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window,
+                        vocab_ids)
         logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
         program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
         with open(pte, "wb") as f:
@@ -465,7 +469,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     # no timings or memory in export.json: package, validate and bench depend on it, and must not rerun for them
     summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops,
                "linears": {k: linear_weights(m, config) for k, m in models.items()}, "config": asdict(config),
-               "metadata": meta}
+               "metadata": {k: v for k, v in meta.items() if k != method_name("vocab_ids")}}  # not N ids
     write_json(out_dir / "export.json", summary)
     memory = peak_memory(*models.values())
     if memory_report is not None:

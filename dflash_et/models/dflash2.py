@@ -77,10 +77,13 @@ class CandidateSelector(nn.Module):
         pred = self.predecessor_codebook(before) * self.hidden_projection(hidden)[:, None, :]  # [P, m, r]
         return pred @ self.successor_codebook(candidates).transpose(1, 2)
 
-    def forward(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`hidden` [1, P, H] (the draft's normed output) and `logits` [1, P, V] of the proposal positions,
-        `anchor` [1] the block's first token -> the lattice's tensors (runtime.sampling.Lattice)."""
+    def forward(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
+                vocab_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """`hidden` [1, P, H] (the draft's normed output) and `logits` [1, P, V] of the proposal positions (over
+        `vocab_ids` when the head was reduced), `anchor` [1] the block's first token -> the lattice's tensors
+        (runtime.sampling.Lattice), its candidates token ids."""
         unary, candidates = torch.topk(logits[0], self.top_k, dim=-1)  # [P, k]
+        candidates = candidates if vocab_ids is None else vocab_ids[candidates]
         # [P, k] each position's predecessors; an explicit end (the MLX partitioner rejects open slices)
         before = torch.cat([anchor.expand(1, self.top_k), candidates])[:candidates.shape[0]]
         return candidates, unary, self.pairwise(hidden[0], before, candidates)

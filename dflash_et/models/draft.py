@@ -1,6 +1,7 @@
 """z-lab's DFlash draft: one definition for inference (cached, exported) and training (dense, masked).
 
-`forward(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]`: the n new context
+`forward(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]` (over `vocab_ids` when its head
+was reduced: `reduce_head`): the n new context
 taps are written to the draft's own cache (it persists across rounds); the block `[last token,
 mask x (B-1)]` is written right after them and attends to the whole context and to itself, not
 causally. The next call's context overwrites those block entries. Positions must be consecutive.
@@ -50,7 +51,8 @@ class Draft(nn.Module):
         self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_block if self.context_window else None,
                                           ring=ring, conv=conv) for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.to_vocab: nn.Module = nn.Identity()  # the head's rows are the vocabulary's, unless `reduce_head`
+        # the token id of each of the head's rows when `reduce_head` kept some (None: the vocabulary's, in order)
+        self.register_buffer("vocab_ids", None, persistent=False)
         if selector is not None:
             self.candidate_selector = CandidateSelector(a.hidden_size, a.vocab_size, *selector)
 
@@ -84,33 +86,20 @@ class Draft(nn.Module):
         logits = self.lm_head(x)
         if self.logit_scale != 1.0:  # a full-vocabulary multiply (and its gradient) saved when it is none
             logits = logits * self.logit_scale
-        logits = self.to_vocab(softcap(logits, self.args.logit_softcap))
+        logits = softcap(logits, self.args.logit_softcap)
         if block_mask is None and hasattr(self, "candidate_selector"):
-            return self.candidate_selector(x, logits, tokens[0, :1])
+            return self.candidate_selector(x, logits, tokens[0, :1], self.vocab_ids)
         if before is not None and hasattr(self, "candidate_selector"):  # training a DFlash2 draft: its scores too
             return (logits, *self.candidate_selector.teacher_forced(x[0], logits[0], before))
         return logits
 
 
-class ToVocab(nn.Module):
-    """A reduced head's logits [.., N] placed at their token ids in the target's vocabulary [.., V], -inf (no
-    proposal, probability zero) everywhere else: the draft's outputs keep their shape and meaning for every
-    runner and for the sampler, which stays exact for any proposal distribution."""
-
-    def __init__(self, ids: torch.Tensor, vocab_size: int):
-        super().__init__()
-        self.register_buffer("ids", ids, persistent=False)
-        self.vocab_size = vocab_size
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.scatter(-1, self.ids.expand(logits.shape), logits)
-
-
 def reduce_head(draft: Draft, ids: list[int]) -> None:
     """`export.draft_vocab`: the draft scores only the tokens `ids` (its own copy of those rows of the borrowed
-    head), placed back in the full vocabulary after the logit scale and softcap, so those stay exact."""
+    head) and returns their N logits, `vocab_ids` saying whose they are: the runners read a proposal's token id
+    there. Placing them back in the vocabulary inside the program (a scatter into a [B-1, V] fill) cost as much
+    as the smaller head saved from 16k rows up (docs/measurements.md#a-draft-head-over-the-tokens-the-target-emits)."""
     weight, kept = draft.lm_head.weight, torch.tensor(ids)
     draft.lm_head = nn.Linear(weight.shape[1], len(ids), bias=False, dtype=weight.dtype)
     draft.lm_head.weight = nn.Parameter(weight.detach()[kept].clone(), requires_grad=False)
-    draft.to_vocab = ToVocab(kept, weight.shape[0])
+    draft.vocab_ids = kept

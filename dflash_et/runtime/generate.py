@@ -5,6 +5,7 @@ drives the eager PyTorch modules (the reference) and the ExecuTorch programs (th
 
     target(tokens [1,T], input_pos [T]) -> (logits [1,T,V], taps [1,T,k*H])
     draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]   (.context_window: int | None)
+                                      or [1,B-1,N] over the tokens .vocab_ids (a reduced head)
                                       or a DFlash2 draft's (candidates, unary, pair) (sampling.Lattice)
 
 A DFlash round: the draft proposes B-1 tokens after `last`; the target verifies
@@ -166,6 +167,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
     window = getattr(draft, "context_window", None)
+    vocab_ids = getattr(draft, "vocab_ids", None)  # a reduced head's logits are those of these tokens
     done = out.tokens[-1] in eos_ids
     while not done:
         room = min(block_size, max_new_tokens - len(out.tokens), max_seq_len - pos)
@@ -190,7 +192,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
             if isinstance(drafted, tuple):
                 proposals, q = path[:k], None if q_path is None else q_path[:k]
             else:
-                proposals, q = sampler.propose(scores[:k]) if k else ([], None)
+                proposals, q = sampler.propose(scores[:k], vocab_ids, vocab_size) if k else ([], None)
             unseen, unseen_start = [], pos
         tokens, positions = torch.tensor([[last] + proposals]), _positions(pos, len(proposals) + 1)
         t1 = time.perf_counter()

@@ -6,6 +6,7 @@ programs' own constant methods (dflash_et.metadata).
 """
 
 import json
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -99,6 +100,11 @@ class DraftProgram(Program):
     def context_window(self) -> int | None:
         """As the eager draft's (models.draft): its calls take no tap older than the window."""
         return self.meta.context_window
+
+    @cached_property
+    def vocab_ids(self) -> torch.Tensor | None:
+        """As the eager draft's (models.draft.reduce_head): the token id of each logit it returns, or None."""
+        return None if self.meta.vocab_ids is None else torch.tensor(self.meta.vocab_ids)
 
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor
                  ) -> torch.Tensor | tuple[torch.Tensor, ...]:

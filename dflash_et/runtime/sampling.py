@@ -164,13 +164,20 @@ class Sampler:
             return argmax(logits)
         return self._draw(distribution(logits, self.sampling))
 
-    def propose(self, draft_logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:
+    def propose(self, draft_logits: torch.Tensor, vocab_ids: torch.Tensor | None = None, vocab_size: int = 0
+                ) -> tuple[list[int], torch.Tensor | None]:
         """Proposals from the draft's logits [n, V], and the distributions q [n, V] they were drawn from
-        (None for argmax proposals, whose q is one-hot)."""
+        (None for argmax proposals, whose q is one-hot). A reduced head's logits [n, N] are those of the tokens
+        `vocab_ids` (models.draft.reduce_head): q is zero elsewhere in the vocabulary of `vocab_size`, so
+        verifying stays exact."""
         if self.sampling.greedy or self.sampling.proposals == "argmax":
-            return argmax(draft_logits), None
+            best = argmax(draft_logits)
+            return best if vocab_ids is None else vocab_ids[best].tolist(), None
         q = distribution(draft_logits, self.sampling)
-        return torch.multinomial(q, 1, generator=self.generator)[:, 0].tolist(), q
+        drawn = torch.multinomial(q, 1, generator=self.generator)[:, 0]
+        if vocab_ids is None:
+            return drawn.tolist(), q
+        return vocab_ids[drawn].tolist(), q.new_zeros(len(q), vocab_size).index_copy_(1, vocab_ids, q)
 
     def walk(self, lattice: Lattice, vocab_size: int) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
         """A DFlash2 draft's proposals: its path through `lattice` (`walk`), greedy for argmax

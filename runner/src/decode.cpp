@@ -94,7 +94,8 @@ Pair::Pair(const std::string& dir) {
              draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
              target_->integer(meta::kVocabSize), {eos.begin(), eos.end()},
              draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0,
-             draft_->has(meta::kSelectorTopK) ? draft_->integer(meta::kSelectorTopK) : 0};
+             draft_->has(meta::kSelectorTopK) ? draft_->integer(meta::kSelectorTopK) : 0,
+             draft_->has(meta::kVocabIds) ? draft_->integers(meta::kVocabIds) : std::vector<int64_t>{}};
   for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
                              limits_.max_context_len, limits_.max_block,
                              static_cast<int64_t>(std::filesystem::file_size(target_->path())),
@@ -281,6 +282,7 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
         const float* rows = logits.const_data_ptr<float>();
         const int64_t k = planner ? planner->verify_count(rows, b - 1, logits.size(2), pos) : b - 1;
         proposals = sampler.propose(rows, k, logits.size(2), q);
+        if (!limits_.vocab_ids.empty()) to_vocab(limits_.vocab_ids, limits_.vocab_size, proposals, q);
       }
       unseen.clear();
       unseen_start = pos;

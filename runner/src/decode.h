@@ -23,6 +23,7 @@ struct Limits {
   std::set<int64_t> eos_ids;
   int64_t context_window = 0;  // a draft whose every layer is windowed reads no tap older than this (0: none)
   int64_t selector_top_k = 0;  // a DFlash2 draft's candidates per position: it returns a lattice (0: logits)
+  std::vector<int64_t> vocab_ids;  // a reduced draft head: its logits are these tokens' (empty: the vocabulary's)
 };
 
 // One decode step: a DFlash round, or one plain token (verified = 0); times in seconds.

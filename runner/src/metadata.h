@@ -19,6 +19,7 @@ inline constexpr const char* kMaskTokenId = "get_mask_token_id";
 inline constexpr const char* kMaxBlockLen = "get_max_block_len";
 inline constexpr const char* kContextWindow = "get_context_window";  // a windowed draft: taps it never reads
 inline constexpr const char* kSelectorTopK = "get_selector_top_k";  // a DFlash2 draft: it returns a lattice
+inline constexpr const char* kVocabIds = "get_vocab_ids";  // a reduced draft head: the token id of each logit
 inline constexpr const char* kTemperature = "get_temperature";
 inline constexpr const char* kTopP = "get_top_p";
 inline constexpr const char* kTopK = "get_top_k";

@@ -102,6 +102,17 @@ std::vector<int64_t> Sampler::propose(const float* logits, int64_t rows, int64_t
   return out;
 }
 
+void to_vocab(const std::vector<int64_t>& ids, int64_t vocab, std::vector<int64_t>& proposals, std::vector<float>& q) {
+  for (int64_t& p : proposals) p = ids[p];
+  if (q.empty()) return;
+  const auto n = static_cast<int64_t>(ids.size());
+  std::vector<float> full(proposals.size() * vocab, 0.f);
+  for (size_t r = 0; r < proposals.size(); ++r) {
+    for (int64_t i = 0; i < n; ++i) full[r * vocab + ids[i]] = q[r * n + i];
+  }
+  q = std::move(full);
+}
+
 std::vector<int64_t> Sampler::walk(const Lattice& lattice, int64_t vocab, std::vector<float>& q,
                                    std::vector<float>& scores) {
   const int64_t k = lattice.k;

@@ -62,6 +62,9 @@ class Sampler {
   std::vector<float> p_, rest_;
 };
 
+// A reduced draft head's proposals (indices into its logits) as the token ids `ids` of those logits, and their q
+// [rows, ids.size()] (if any) spread over the vocabulary of `vocab` tokens, zero elsewhere (Sampler.propose).
+void to_vocab(const std::vector<int64_t>& ids, int64_t vocab, std::vector<int64_t>& proposals, std::vector<float>& q);
 // Row-wise argmax of [rows, vocab] floats, the first index on ties (as numpy and torch).
 std::vector<int64_t> argmax(const float* logits, int64_t rows, int64_t vocab);
 

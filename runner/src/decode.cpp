@@ -105,7 +105,10 @@ Pair::Pair(const std::string& dir) {
 }
 
 const CostCurve& Pair::cost_curve(int64_t repeats) {
-  if (!curve_) curve_ = measure_cost_curve(repeats);
+  if (!curve_) {
+    curve_ = measure_cost_curve(repeats);
+    resident_ = {};  // its prompts are no conversation's
+  }
   return *curve_;
 }
 
@@ -182,10 +185,10 @@ void Pair::keep_taps(std::vector<float>& taps, int64_t rows) {
   taps.insert(taps.end(), h, h + rows * taps_width_);
 }
 
-int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>* taps, double& seconds,
+int64_t Pair::prefill(const std::vector<int64_t>& prompt, int64_t start, std::vector<float>* taps, double& seconds,
                       Sampler& sampler) {
   const double t0 = now();
-  for (size_t i = 0; i < prompt.size(); i += limits_.chunk) {
+  for (size_t i = start; i < prompt.size(); i += limits_.chunk) {
     const size_t end = std::min(prompt.size(), i + limits_.chunk);
     target({prompt.begin() + i, prompt.begin() + end}, i);
     if (taps) keep_taps(*taps, end - i);
@@ -197,23 +200,46 @@ int64_t Pair::prefill(const std::vector<int64_t>& prompt, std::vector<float>* ta
   return first;
 }
 
+int64_t Pair::reusable(const std::vector<int64_t>& prompt, bool draft, Generation& out) {
+  const auto& held = resident_.tokens;
+  size_t same = 0;
+  while (same < held.size() && same < prompt.size() && held[same] == prompt[same]) ++same;
+  out.resume = held.empty() ? "new" : same == held.size() && same < prompt.size() ? "exact_prefix"
+                                    : same == prompt.size() ? "equal" : "mismatch";
+  out.reused = draft && !resident_.draft ? 0 : std::min<int64_t>(same, prompt.size() - 1);
+  return out.reused;
+}
+
+void Pair::keep(const std::vector<int64_t>& prompt, const Generation& out, std::vector<float> unseen,
+                int64_t unseen_start, bool draft) {
+  if (!keep_resident_) return;
+  resident_.tokens = prompt;
+  resident_.tokens.insert(resident_.tokens.end(), out.tokens.begin(), out.tokens.end() - 1);
+  resident_.unseen = std::move(unseen);
+  resident_.unseen_start = unseen_start;
+  resident_.draft = draft;
+}
+
 Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, Sampler& sampler,
                     const OnTokens& on_tokens) {
   check(prompt, max_new_tokens);
   Generation out;
-  out.tokens.push_back(prefill(prompt, nullptr, out.prefill_s, sampler));
-  if (on_tokens) on_tokens({out.tokens.back()});
+  const int64_t start = reusable(prompt, false, out);
+  resident_ = {};  // until this generation ends well
+  out.tokens.push_back(prefill(prompt, start, nullptr, out.prefill_s, sampler));
+  bool more = !on_tokens || on_tokens({out.tokens.back()});
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
-  while (static_cast<int64_t>(out.tokens.size()) < max_new_tokens && !limits_.eos_ids.count(out.tokens.back()) &&
-         pos < limits_.max_context_len) {
+  while (more && static_cast<int64_t>(out.tokens.size()) < max_new_tokens &&
+         !limits_.eos_ids.count(out.tokens.back()) && pos < limits_.max_context_len) {
     const double t0 = now();
     target({out.tokens.back()}, pos);
     const double t1 = now();
     out.tokens.push_back(sampler.next_token(target_->output(0).const_data_ptr<float>(), limits_.vocab_size));
     ++pos;
     out.rounds.push_back({0, 0, 1, 0.0, t1 - t0, now() - t0, 0});
-    if (on_tokens) on_tokens({out.tokens.back()});
+    more = !on_tokens || on_tokens({out.tokens.back()});
   }
+  keep(prompt, out, {}, 0, false);
   return out;
 }
 
@@ -237,11 +263,15 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
                         RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens) {
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
-  int64_t unseen_start = 0;
-  out.tokens.push_back(prefill(prompt, &unseen, out.prefill_s, sampler));
-  if (on_tokens) on_tokens({out.tokens.back()});
+  const int64_t start = reusable(prompt, true, out);
+  int64_t unseen_start = std::min(start, resident_.unseen_start);
+  if (start > resident_.unseen_start) {  // the draft is fed the rest of the taps it lacks first
+    unseen.assign(resident_.unseen.begin(), resident_.unseen.begin() + (start - unseen_start) * taps_width_);
+  }
+  resident_ = {};  // until this generation ends well
+  out.tokens.push_back(prefill(prompt, start, &unseen, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
-  bool done = eos.count(out.tokens.back()) > 0;
+  bool done = eos.count(out.tokens.back()) > 0 || (on_tokens && !on_tokens({out.tokens.back()}));
   std::vector<int64_t> block_ids, context;
   std::vector<float> q;       // the distributions sampled proposals were drawn from
   std::vector<float> scores;  // a DFlash2 draft's: the scores its path was chosen from [b - 1, top-k]
@@ -309,8 +339,9 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     pos += accepted + 1;
     out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),
                           draft_s, verify_s, now() - t0, b - 1});
-    if (on_tokens) on_tokens(emitted);
+    if (on_tokens && !on_tokens(emitted)) done = true;
   }
+  keep(prompt, out, std::move(unseen), unseen_start, true);
   return out;
 }
 

@@ -37,10 +37,14 @@ struct Generation {
   std::vector<int64_t> tokens;
   double prefill_s = 0;
   std::vector<Round> rounds;
+  int64_t reused = 0;   // prompt tokens whose cache entries a previous generation left (keep_resident)
+  std::string resume;   // why that many (llm_server's warm-resume reasons): new (nothing held), exact_prefix (all held
+                        // was the prompt's start), equal (the prompt lies wholly in what was held), mismatch
 };
 
-// Called with each step's new tokens as they are accepted (the first from the prompt's logits, then each round's).
-using OnTokens = std::function<void(const std::vector<int64_t>&)>;
+// Called with each step's new tokens as they are accepted (the first from the prompt's logits, then each round's);
+// returns whether to go on (false: the generation ends there, as at EOS).
+using OnTokens = std::function<bool(const std::vector<int64_t>&)>;
 
 // target.pte and draft.pte (or target.pte alone, holding both), checked to be a pair, with the limits they carry.
 class Pair {
@@ -59,6 +63,12 @@ class Pair {
   Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     const OnTokens& on_tokens = nullptr);
 
+  // From now on a generation starts from what the caches still hold of the last one: the prompt's longest prefix
+  // that the last generation's prompt and tokens share is not run again (the draft's context cache follows).
+  void keep_resident() { keep_resident_ = true; }
+  // The caches hold nothing reusable (a session reset, or another conversation).
+  void forget() { resident_ = {}; }
+
   // auto's cost curve: the one in `path` (checked to be of these programs), from now on.
   void load_cost_curve(const std::string& path) { curve_ = CostCurve::load(path, identity_); }
   // auto's cost curve: the one loaded, or measured now (once), as Engine.cost_curve.
@@ -72,9 +82,17 @@ class Pair {
                     RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens = nullptr);
   // adaptive.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
   CostCurve measure_cost_curve(int64_t repeats);
-  // Runs the prompt through the target in chunks; returns the first token and appends all taps to `taps`
-  // (null: plain decoding, which feeds no draft).
-  int64_t prefill(const std::vector<int64_t>& prompt, std::vector<float>* taps, double& seconds, Sampler& sampler);
+  // Runs the prompt from position `start` through the target in chunks; returns the first token and appends the
+  // taps to `taps` (null: plain decoding, which feeds no draft).
+  int64_t prefill(const std::vector<int64_t>& prompt, int64_t start, std::vector<float>* taps, double& seconds,
+                  Sampler& sampler);
+  // How many of the prompt's first tokens the caches hold (keep_resident; at most all but the last, whose logits
+  // the first token needs), recorded in `out`; `draft`: the draft's cache must hold their taps too.
+  int64_t reusable(const std::vector<int64_t>& prompt, bool draft, Generation& out);
+  // What the caches hold after `out`: the prompt and every token but the last (not yet run), and the taps the
+  // draft was not fed (of positions unseen_start..).
+  void keep(const std::vector<int64_t>& prompt, const Generation& out, std::vector<float> unseen,
+            int64_t unseen_start, bool draft);
   // The target on `tokens` at positions pos..; its outputs stay readable until the next call.
   void target(std::vector<int64_t> tokens, int64_t pos);
   // Appends the first `rows` rows of the last target call's taps to `taps`.
@@ -87,6 +105,13 @@ class Pair {
   std::string identity_;  // which programs these are, for a cost curve measured on them (Engine.identity)
   std::optional<CostCurve> curve_;
   std::unique_ptr<AdaptivePlanner> planner_;  // greedy auto's, made on first use
+  struct Resident {
+    std::vector<int64_t> tokens;  // in the target's cache at positions 0..
+    std::vector<float> unseen;    // taps of positions unseen_start.. the draft's cache lacks
+    int64_t unseen_start = 0;
+    bool draft = false;           // the draft's cache holds the taps of positions 0..unseen_start
+  } resident_;
+  bool keep_resident_ = false;
 };
 
 }  // namespace dflash

@@ -8,6 +8,8 @@
 //                                            "ar MAX_NEW IDS [SAMPLING]" or "dflash BLOCK|auto MAX_NEW IDS [SAMPLING]"
 //                                            (IDS: 1,2,3; SAMPLING: temperature=T top_p=P top_k=K proposals=P seed=S),
 //                                            or "cost_curve REPEATS": auto's cost curve (measured once, unless given)
+//   dflash_runner --programs DIR --worker [--ar | --block-size B|auto]   a model worker for ExecuTorch's llm_server
+//                                            (`dflash serve`; worker.h): auto unless told otherwise
 //
 // auto's cost curve comes from --cost-curve (the bench's reports/cost_curve.json for these programs), or is
 // measured when auto first needs it.
@@ -34,6 +36,7 @@
 #include "llama_ops.h"
 #include "sampling.h"
 #include "text.h"
+#include "worker.h"
 
 // The runtime's thread pool (libexecutorch_threadpool.so exports it; the wheel ships no threadpool.h).
 namespace executorch::extension::threadpool {
@@ -54,7 +57,7 @@ struct Args {
   std::string programs;
   std::vector<int64_t> prompt;
   std::string message;  // --prompt
-  bool text = false, tokenize = false, ar = false, json = false, serve = false;
+  bool text = false, tokenize = false, ar = false, json = false, serve = false, worker = false;
   int64_t block = 0;  // 0: the largest block the draft was exported for; dflash::kAuto: auto
   std::string cost_curve;  // auto's, from this file (none: measured)
   int64_t max_new_tokens = 128;
@@ -65,7 +68,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR ((--prompt TEXT | --prompt-ids 1,2,3) [--ar] "
                "[--block-size B|auto] [--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] "
-               "[--top-k K] [--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve) "
+               "[--top-k K] [--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve | --worker) "
                "[--cost-curve FILE]\n";
   std::exit(2);
 }
@@ -150,10 +153,13 @@ Args parse(int argc, char** argv) {
     else if (flag == "--ar") args.ar = true;
     else if (flag == "--json") args.json = true;
     else if (flag == "--serve") args.serve = true;
+    else if (flag == "--worker") args.worker = true;
     else usage("unknown argument " + flag);
   }
   if (args.programs.empty()) usage("--programs is required");
-  if (prompts + args.serve != 1) usage("give --prompt or --prompt-ids, or --serve to read requests from stdin");
+  if (prompts + args.serve + args.worker != 1) {
+    usage("give --prompt or --prompt-ids, or --serve or --worker to read requests from stdin");
+  }
   if (args.tokenize && !args.text) usage("--tokenize prints the ids of a --prompt");
   if (args.threads < 0) usage("--threads must be at least 1 (0: one per core)");
   return args;
@@ -255,10 +261,8 @@ int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     std::unique_ptr<dflash::Text> text;  // before the programs load: a missing tokenizer fails at once
     std::vector<int64_t> prompt = args.prompt;
-    if (args.text) {
-      text = std::make_unique<dflash::Text>(args.programs);
-      prompt = text->prompt(args.message);
-    }
+    if (args.text || args.worker) text = std::make_unique<dflash::Text>(args.programs);
+    if (args.text) prompt = text->prompt(args.message);
     if (args.tokenize) {
       for (size_t i = 0; i < prompt.size(); ++i) std::cout << (i ? "," : "") << prompt[i];
       std::cout << std::endl;
@@ -273,6 +277,10 @@ int main(int argc, char** argv) {
       serve(pair);
       return 0;
     }
+    if (args.worker) {
+      dflash::run_worker(pair, *text, args.ar, args.block ? args.block : dflash::kAuto);
+      return 0;
+    }
     std::unique_ptr<dflash::TextStream> stream;
     std::string reply;  // the whole text, for --json
     dflash::OnTokens on_tokens;
@@ -282,6 +290,7 @@ int main(int argc, char** argv) {
         const std::string more = stream->add(tokens);
         reply += more;
         if (!args.json) std::cout << more << std::flush;
+        return true;
       };
     }
     const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, prompt, args.sampling, on_tokens);

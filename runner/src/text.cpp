@@ -151,19 +151,24 @@ Text::Text(const std::string& dir) : tokenizer_(std::make_unique<tokenizers::HFT
 Text::~Text() = default;
 
 std::vector<int64_t> Text::prompt(const std::string& message) const {
-  if (const int64_t cp = nfc_ ? not_surely_nfc(prefix_ + message + suffix_) : -1; cp >= 0) {
+  std::vector<int64_t> ids = before_;
+  const std::vector<int64_t> encoded = encode(prefix_ + message + suffix_);
+  ids.insert(ids.end(), encoded.begin(), encoded.end());
+  ids.insert(ids.end(), after_.begin(), after_.end());
+  return ids;
+}
+
+std::vector<int64_t> Text::encode(const std::string& text) const {
+  if (const int64_t cp = nfc_ ? not_surely_nfc(text) : -1; cp >= 0) {
     char name[16];
     std::snprintf(name, sizeof name, "U+%04llX", static_cast<unsigned long long>(cp));
     throw UserError(std::string("the prompt has ") + name + ", which the tokenizer's NFC normalization may change and "
                     "the C++ tokenizer cannot normalize; give the text in NFC form (unicodedata.normalize) or "
                     "--prompt-ids instead");
   }
-  const auto encoded = tokenizer_->encode(prefix_ + message + suffix_, 0, 0);
+  const auto encoded = tokenizer_->encode(text, 0, 0);
   if (!encoded.ok()) throw UserError("the C++ tokenizer cannot encode this prompt" + std::string(kPromptIds));
-  std::vector<int64_t> ids = before_;
-  ids.insert(ids.end(), encoded.get().begin(), encoded.get().end());
-  ids.insert(ids.end(), after_.begin(), after_.end());
-  return ids;
+  return {encoded.get().begin(), encoded.get().end()};
 }
 
 std::string Text::bytes(int64_t token) const {

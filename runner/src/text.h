@@ -27,6 +27,8 @@ class Text {
   ~Text();
   // One user message as `encode_chat` encodes it.
   std::vector<int64_t> prompt(const std::string& message) const;
+  // Text as `tok.encode(text, add_special_tokens=False)` encodes it: special tokens written in it are read as such.
+  std::vector<int64_t> encode(const std::string& text) const;
   // A token's bytes in the decoded text: none for a special token, or an id the tokenizer does not have.
   std::string bytes(int64_t token) const;
 

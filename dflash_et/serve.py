@@ -1,0 +1,187 @@
+"""`dflash serve`: the programs behind an OpenAI-compatible HTTP API, for the chat front-ends, evaluation harnesses
+and agents that speak it.
+
+ExecuTorch's own server does the HTTP side (executorch.examples.llm_server: FastAPI routes, request checks, the
+chat template, tool-call parsing, streaming, usage, sessions); this module gives it what it lacks for DFlash:
+dflash_runner workers (`--worker`, runner/src/worker.h: the JSONL protocol its worker_client speaks, DFlash auto
+by default), more than one of them, a bounded queue, workers restarted when they die, and errors in the OpenAI
+shape for requests its routes cannot parse. One worker holds one conversation's caches: a session's requests go to
+the worker that served it before, so a second turn runs only its new tokens.
+"""
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from executorch.examples.llm_server.python.chat_template import ChatTemplate
+from executorch.examples.llm_server.python.errors import APIError
+from executorch.examples.llm_server.python.server import build_app
+from executorch.examples.llm_server.python.serving_chat import ServingChat
+from executorch.examples.llm_server.python.session_runtime import SessionRuntime
+from executorch.examples.llm_server.python.tool_parsers import HermesDetector
+from executorch.examples.llm_server.python.worker_client import WorkerError, spawn_worker
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from dflash_et.errors import UserError
+
+logger = logging.getLogger("dflash_et.serve")
+
+
+class Busy(APIError):
+    """Every worker busy and the queue full: retry later (OpenAI answers overload with 503 too)."""
+
+    def __init__(self, workers: int, queue: int):
+        super().__init__(503, f"all {workers} workers are busy and {queue} requests wait; retry later",
+                         "server_error", "server_overloaded")
+
+
+class Worker:
+    """One dflash_runner --worker process and ExecuTorch's OpenAI adapter over it."""
+
+    def __init__(self, command: list[str], template: ChatTemplate, model_id: str, max_context: int):
+        try:
+            client = spawn_worker(command)
+        except (WorkerError, OSError) as e:
+            raise UserError(f"the C++ worker did not start ({e}); run `{' '.join(command)}` to see why") from None
+        self.runtime = SessionRuntime(client)
+        self.chat = ServingChat(self.runtime, template, model_id, max_context=max_context,
+                                tool_detector_cls=HermesDetector)
+        self.load = 0  # requests running or waiting on it
+
+    @property
+    def healthy(self) -> bool:
+        return self.runtime.healthy
+
+
+class Pool:
+    """What ExecuTorch's routes call (`create`, `close_session`, `reset_session`, `healthy`), spread over workers:
+    a request goes to the worker its session used before (its cache holds the conversation), else to the least
+    loaded; past `workers + queue` requests at once it is refused (503); a worker found dead is replaced before
+    it gets the next request (the requests it held were answered with an error)."""
+
+    def __init__(self, start: Callable[[], Worker], workers: int, queue: int):
+        self._start, self._queue = start, queue
+        self._workers = [start() for _ in range(workers)]
+        self._restarting = [asyncio.Lock() for _ in range(workers)]
+        self._sessions: dict[str, int] = {}
+
+    @property
+    def healthy(self) -> bool:
+        return any(w.healthy for w in self._workers)
+
+    async def create(self, req):
+        if sum(w.load for w in self._workers) >= len(self._workers) + self._queue:
+            raise Busy(len(self._workers), self._queue)
+        worker = await self._worker(req.session_id)
+        worker.load += 1
+        try:
+            result = await worker.chat.create(req)
+        except BaseException:
+            worker.load -= 1
+            raise
+        if not req.stream:
+            worker.load -= 1
+            return result
+        return self._held(result, worker)
+
+    @staticmethod
+    async def _held(stream: AsyncIterator[str], worker: Worker) -> AsyncIterator[str]:
+        """The stream, counted in its worker's load until it ends or its client leaves (then the generation is
+        cancelled: closing the stream tells the worker)."""
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            worker.load -= 1
+            await stream.aclose()
+
+    async def _worker(self, session_id: str | None) -> Worker:
+        if session_id is not None and session_id in self._sessions:
+            i = self._sessions[session_id]
+        else:
+            i = min(range(len(self._workers)), key=lambda j: self._workers[j].load)
+            if session_id is not None:
+                self._sessions[session_id] = i
+        if not self._workers[i].healthy:
+            async with self._restarting[i]:
+                if not self._workers[i].healthy:
+                    logger.warning("worker %d is gone; starting another", i)
+                    await asyncio.to_thread(self._workers[i].runtime.close_worker)
+                    self._workers[i] = await asyncio.to_thread(self._start)
+        return self._workers[i]
+
+    async def close_session(self, session_id: str) -> None:
+        i = self._sessions.pop(session_id, None)
+        await self._workers[i or 0].chat.close_session(session_id)
+
+    async def reset_session(self, session_id: str) -> None:
+        await self._workers[self._sessions.get(session_id, 0)].chat.reset_session(session_id)
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.runtime.close_worker()
+
+
+def _error(status: int, message: str, kind: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+
+
+def openai_errors(app: FastAPI) -> FastAPI:
+    """Requests ExecuTorch's routes cannot parse (malformed JSON, wrong fields) and unknown paths answered in the
+    OpenAI error shape, not FastAPI's `{"detail": ...}`."""
+
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        return _error(400, f"invalid request: {where + ': ' if where else ''}{first.get('msg', 'unreadable body')}",
+                      "invalid_request_error", "invalid_request")
+
+    async def http(request: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail), "invalid_request_error", "not_found" if e.status_code == 404
+                      else "http_error")
+
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http)
+    return app
+
+
+def worker_command(programs: Path, runner: Path, threads: int, block_size: str, cost_curve: Path | None) -> list[str]:
+    """dflash_runner as a worker: `block_size` ar (plain decoding), auto or a number."""
+    mode = ["--ar"] if block_size == "ar" else ["--block-size", block_size]
+    curve = ["--cost-curve", str(cost_curve)] if cost_curve else []
+    return [str(runner), "--programs", str(programs), "--worker", "--threads", str(threads), *mode, *curve]
+
+
+def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, block_size: str = "auto",
+              cost_curve: Path | None = None, model_id: str = "dflash-et") -> Pool:
+    """The workers over `programs`, with its chat template (Qwen3 thinking off, as `dflash generate`) and context
+    length, each on its share of the cores."""
+    if workers < 1 or queue < 0:
+        raise UserError(f"--workers must be at least 1 and --queue at least 0, got {workers} and {queue}")
+    try:
+        config = json.loads((programs / "export.json").read_text())["config"]
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"{programs} holds no readable export.json ({e}); run `dvc repro` (or `dvc pull`)") from None
+    try:
+        template = ChatTemplate(str(programs), default_template_kwargs={"enable_thinking": False})
+    except (ValueError, OSError) as e:
+        raise UserError(f"{programs}: {e}; serving needs the target's chat template beside the programs") from None
+    command = worker_command(programs, runner, max(1, (os.cpu_count() or 1) // workers), block_size, cost_curve)
+    return Pool(lambda: Worker(command, template, model_id, config["max_seq_len"]), workers, queue)
+
+
+def serve(pool: Pool, model_id: str, host: str, port: int) -> None:
+    """ExecuTorch's app over `pool` until interrupted; the workers stop with it."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        uvicorn.run(openai_errors(build_app(pool, model_id)), host=host, port=port, log_level="info")
+    finally:
+        pool.close()

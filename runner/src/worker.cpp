@@ -1,0 +1,275 @@
+#include "worker.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dflash {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kMaxSessions = 64;  // named sessions admitted at once (their bookkeeping only: one cache)
+constexpr const char* kControlFdVariable = "EXECUTORCH_LLM_WORKER_CONTROL_FD";
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void send(const json& message) {
+  std::cout << message.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
+}
+
+// A request the worker refuses, with the protocol's error code.
+struct RequestError : std::runtime_error {
+  RequestError(const std::string& what, std::string code) : std::runtime_error(what), code(std::move(code)) {}
+  std::string code;
+};
+
+// The cancellation channel: request ids, read without waiting, remembered until their request has passed.
+class Control {
+ public:
+  Control() {
+    if (const char* fd = std::getenv(kControlFdVariable)) {
+      fd_ = std::atoi(fd);
+      if (fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK) != 0) fd_ = -1;
+    }
+  }
+  bool supported() const { return fd_ >= 0; }
+  void begin(uint64_t id) { cancelled_.erase(cancelled_.begin(), cancelled_.lower_bound(id)); }
+  bool cancelled(uint64_t id) {
+    while (fd_ >= 0) {
+      const ssize_t n = read(fd_, frame_ + filled_, sizeof frame_ - filled_);
+      if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) fd_ = -1;  // the server is gone
+        break;
+      }
+      filled_ += n;
+      if (filled_ == sizeof frame_) {
+        uint64_t value = 0;
+        for (int i = 7; i >= 0; --i) value = value << 8 | frame_[i];
+        cancelled_.insert(value);
+        filled_ = 0;
+      }
+    }
+    return id != 0 && cancelled_.count(id) > 0;
+  }
+
+ private:
+  int fd_ = -1;
+  unsigned char frame_[8];
+  size_t filled_ = 0;
+  std::set<uint64_t> cancelled_;
+};
+
+class Worker {
+ public:
+  Worker(Pair& pair, const Text& text, bool ar, int64_t block) : pair_(pair), text_(text), ar_(ar), block_(block) {
+    pair_.keep_resident();
+  }
+
+  void serve() {
+    const Limits& l = pair_.limits();
+    if (!ar_ && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
+    send({{"ready", true}, {"max_named_sessions", kMaxSessions}, {"supports_cancel", control_.supported()},
+          {"max_context_len", l.max_context_len}, {"max_block", l.max_block}});
+    for (std::string line; std::getline(std::cin, line);) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        const json request = parse(line);
+        if (request.contains("op")) {
+          op(request);
+        } else {
+          generate(request);
+        }
+      } catch (const RequestError& e) {
+        send({{"error", e.what()}, {"code", e.code}});
+      } catch (const UserError& e) {
+        send({{"error", e.what()}, {"code", "invalid_request"}});
+      } catch (const std::exception& e) {  // a program call failed (the runtime logged why): nothing cached is sure
+        pair_.forget();
+        send({{"error", std::string("generation failed: ") + e.what()}, {"code", "generation_failed"}});
+      }
+    }
+  }
+
+ private:
+  static json parse(const std::string& line) {
+    json request;
+    try {
+      request = json::parse(line);
+    } catch (const json::exception& e) {
+      throw RequestError(std::string("the request is not JSON (") + e.what() + ")", "invalid_request");
+    }
+    if (!request.is_object()) throw RequestError("the request is not a JSON object", "invalid_request");
+    return request;
+  }
+
+  template <typename T>
+  static T field(const json& request, const char* name, T otherwise) {
+    if (!request.contains(name) || request[name].is_null()) return otherwise;
+    try {
+      return request[name].get<T>();
+    } catch (const json::exception&) {
+      throw RequestError(std::string("'") + name + "' has the wrong type: " + request[name].dump(), "invalid_request");
+    }
+  }
+
+  void op(const json& request) {
+    const std::string op = field<std::string>(request, "op", ""), id = field<std::string>(request, "session_id", "");
+    if (id.empty()) throw RequestError("'" + op + "' needs a session_id", "invalid_request");
+    if (op == "open") {
+      admit(id);
+      send({{"opened", true}, {"session_id", id}});
+    } else if (op == "close" || op == "reset") {
+      if (op == "close") sessions_.erase(id);
+      if (holder_ == id) pair_.forget();
+      send({{op == "close" ? "closed" : "reset", true}, {"session_id", id}});
+    } else {
+      throw RequestError("unknown op '" + op + "'; send open, close or reset", "invalid_request");
+    }
+  }
+
+  void admit(const std::string& id) {
+    if (sessions_.count(id)) return;
+    if (sessions_.size() >= kMaxSessions) {
+      throw RequestError("all " + std::to_string(kMaxSessions) + " sessions are open; close one", "capacity_exhausted");
+    }
+    sessions_.insert(id);
+  }
+
+  std::vector<int64_t> prompt(const json& request) const {
+    if (request.contains("prompt_segments")) {
+      const json& segments = request["prompt_segments"];
+      if (!segments.is_array() || segments.empty()) {
+        throw RequestError("prompt_segments must be a non-empty list", "invalid_request");
+      }
+      std::vector<int64_t> ids;
+      for (const json& segment : segments) {
+        std::vector<int64_t> more;
+        if (segment.is_object() && segment.contains("text") && segment["text"].is_string()) {
+          more = text_.encode(segment["text"].get<std::string>());
+        } else if (segment.is_object() && segment.contains("ids") && segment["ids"].is_array()) {
+          more = field<std::vector<int64_t>>(segment, "ids", {});
+        } else {
+          throw RequestError("each prompt segment is {\"text\": ...} or {\"ids\": [...]}, got " + segment.dump(),
+                             "invalid_request");
+        }
+        ids.insert(ids.end(), more.begin(), more.end());
+      }
+      return ids;
+    }
+    if (!request.contains("prompt") || !request["prompt"].is_string()) {
+      throw RequestError("a generate request needs a prompt (text) or prompt_segments", "invalid_request");
+    }
+    return text_.encode(request["prompt"].get<std::string>());
+  }
+
+  void generate(const json& request) {
+    const double t0 = now();
+    const uint64_t cancel_id = field<uint64_t>(request, "cancel_request_id", 0);
+    control_.begin(cancel_id);
+    const std::string session = field<std::string>(request, "session_id", "");
+    if (!session.empty()) admit(session);
+    const std::vector<int64_t> ids = prompt(request);
+    const auto prompt_tokens = static_cast<int64_t>(ids.size());
+    const int64_t context = pair_.limits().max_context_len;
+    if (prompt_tokens == 0) throw RequestError("the prompt is empty", "invalid_request");
+    if (prompt_tokens >= context) {
+      throw RequestError("the prompt has " + std::to_string(prompt_tokens) + " tokens but the context holds " +
+                         std::to_string(context) + "; shorten it (the programs were exported with export.max_seq_len " +
+                         std::to_string(context) + ")", "context_length_exceeded");
+    }
+    const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
+    const int64_t max_new = std::min(asked > 0 ? asked : context, context - prompt_tokens);
+    Sampling sampling;
+    sampling.temperature = field<double>(request, "temperature", 0.0);
+    sampling.top_p = field<double>(request, "top_p", 1.0);
+    sampling.top_k = field<int64_t>(request, "top_k", 0);
+    sampling.seed = field<uint64_t>(request, "seed", 0);
+    if (sampling.seed == 0) sampling.seed = std::random_device{}();  // no seed: a new draw each request
+    const auto stops = field<std::vector<std::string>>(request, "stop", {});
+
+    Sampler sampler(sampling);
+    TextStream stream(text_);
+    std::string reply;
+    bool stopped = false, cancelled = false;
+    const OnTokens on_tokens = [&](const std::vector<int64_t>& tokens) {
+      const std::string more = stream.add(tokens);
+      if (!more.empty()) send({{"token", more}});
+      reply += more;
+      for (const std::string& stop : stops) {
+        const size_t from = reply.size() - std::min(reply.size(), more.size() + stop.size());
+        stopped = stopped || (!stop.empty() && reply.find(stop, from) != std::string::npos);
+      }
+      cancelled = control_.cancelled(cancel_id);
+      return !stopped && !cancelled;
+    };
+    holder_ = session;
+    const Generation g = ar_ ? pair_.ar(ids, max_new, sampler, on_tokens)
+                             : pair_.dflash(ids, max_new, block_, sampler, on_tokens);
+    if (const std::string rest = stream.finish(); !rest.empty() && !stopped && !cancelled) send({{"token", rest}});
+
+    std::vector<int64_t> generated = g.tokens;
+    const bool eos = !generated.empty() && pair_.limits().eos_ids.count(generated.back());
+    if (eos) generated.pop_back();
+    double decode_s = 0;
+    int64_t drafted = 0, verified = 0, accepted = 0, drafting = 0;
+    for (const Round& r : g.rounds) {
+      decode_s += r.total_s;
+      drafted += r.drafted, verified += r.verified, accepted += r.accepted, drafting += r.verified > 0;
+    }
+    const double total_s = now() - t0;
+    const auto made = static_cast<int64_t>(generated.size());
+    const double tau = drafting ? static_cast<double>(accepted + drafting) / drafting : 0.0;
+    send({{"done", true},
+          {"prompt_tokens", prompt_tokens},
+          {"completion_tokens", made},
+          {"finish_reason", eos || stopped || cancelled ? "stop" : "length"},  // or it ran to max_new
+          {"reused_prompt_tokens", g.reused},
+          {"prefilled_prompt_tokens", prompt_tokens - g.reused},
+          {"session_reset_reason", g.resume},
+          {"prefill_ms", 1000 * g.prefill_s},
+          {"decode_ms", 1000 * decode_s},
+          {"total_ms", 1000 * total_s},
+          {"prefill_tok_s", g.prefill_s > 0 ? (prompt_tokens - g.reused) / g.prefill_s : 0.0},
+          {"decode_tok_s", decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0},
+          // a reply cut at a stop string or a cancellation is not what the client will send back next turn
+          {"generated_token_ids", stopped || cancelled ? std::vector<int64_t>{} : generated},
+          {"cancelled", cancelled},
+          {"dflash", {{"rounds", g.rounds.size()}, {"drafted", drafted}, {"verified", verified},
+                      {"accepted", accepted}, {"tau", tau}}}});
+    std::fprintf(stderr,
+                 "dflash_worker: session=%s prompt=%lld reused=%lld (%s) tokens=%lld rounds=%zu tau=%.2f "
+                 "prefill_ms=%.1f decode_tok_s=%.1f%s\n",
+                 session.empty() ? "-" : session.c_str(), static_cast<long long>(prompt_tokens),
+                 static_cast<long long>(g.reused), g.resume.c_str(), static_cast<long long>(g.tokens.size()),
+                 g.rounds.size(), tau, 1000 * g.prefill_s,
+                 decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0,
+                 cancelled ? " cancelled" : stopped ? " stop string" : "");
+  }
+
+  Pair& pair_;
+  const Text& text_;
+  const bool ar_;
+  const int64_t block_;
+  Control control_;
+  std::set<std::string> sessions_;
+  std::string holder_;  // the session whose conversation the caches hold ("": requests without one)
+};
+
+}  // namespace
+
+void run_worker(Pair& pair, const Text& text, bool ar, int64_t block) { Worker(pair, text, ar, block).serve(); }
+
+}  // namespace dflash

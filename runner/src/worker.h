@@ -1,0 +1,30 @@
+// dflash_runner --worker: a model worker for ExecuTorch's OpenAI-compatible server (examples/llm_server), speaking
+// the JSONL protocol its python/worker_client.py drives, with the programs loaded once.
+//
+// stdin, one JSON object per line; stdout, only protocol JSON, one object per line; logs on stderr:
+//   (at start)                       -> {"ready": true, "max_named_sessions": N, "supports_cancel": B, ...}
+//   {"op": "open"|"close"|"reset", "session_id": S}  -> {"opened"|"closed"|"reset": true, "session_id": S}
+//   {"prompt": TEXT | "prompt_segments": [{"text": T} | {"ids": [..]}, ..], "max_new_tokens": N (-1: to the
+//    context's end), "temperature", "top_p", "top_k", "seed", "stop": [..], "session_id"?, "cancel_request_id"?}
+//                                    -> {"token": TEXT} per step, then {"done": true, usage, finish_reason,
+//                                       warm-resume accounting, timings, generated_token_ids, cancelled, dflash}
+//   anything wrong                   -> {"error": MESSAGE, "code": CODE}, and the worker reads the next line
+// TEXT is the rendered chat (the server applies the template), tokenized as `tok.encode(text,
+// add_special_tokens=False)`. Cancellation: 8-byte little-endian request ids written to the descriptor named by
+// EXECUTORCH_LLM_WORKER_CONTROL_FD, read between decoding steps.
+//
+// The caches are the conversation's: a request whose prompt starts with what the last generation left in them
+// (its prompt and its reply) runs only the rest (Pair::keep_resident), whichever session sent it.
+#pragma once
+
+#include <cstdint>
+
+#include "decode.h"
+#include "text.h"
+
+namespace dflash {
+
+// Serves requests until stdin ends: plain decoding (`ar`), or DFlash with blocks of `block` (kAuto: auto).
+void run_worker(Pair& pair, const Text& text, bool ar, int64_t block);
+
+}  // namespace dflash

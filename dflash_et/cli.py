@@ -78,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--cost-curve", type=Path, default=None,
                    help="auto's cost curve for these programs (reports/cost_curve.json; default: each worker "
                         "measures one as it starts)")
+    v.add_argument("--threads", type=int, default=0,
+                   help="threads per worker (default: the cores shared out among the workers)")
     v.add_argument("--model-id", default="dflash-et", help="the model's name on /v1/models, which requests must "
                                                           "name (default: %(default)s)")
     return p
@@ -157,7 +159,7 @@ def serve(args: argparse.Namespace) -> None:
     from dflash_et import serve
 
     pool = serve.make_pool(args.programs, find_runner(), args.workers, args.queue, args.block_size, args.cost_curve,
-                           args.model_id)
+                           args.model_id, args.threads)
     serve.serve(pool, args.model_id, args.host, args.port)
 
 

@@ -159,9 +159,9 @@ def worker_command(programs: Path, runner: Path, threads: int, block_size: str, 
 
 
 def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, block_size: str = "auto",
-              cost_curve: Path | None = None, model_id: str = "dflash-et") -> Pool:
+              cost_curve: Path | None = None, model_id: str = "dflash-et", threads: int = 0) -> Pool:
     """The workers over `programs`, with its chat template (Qwen3 thinking off, as `dflash generate`) and context
-    length, each on its share of the cores."""
+    length, each on `threads` threads (0: its share of the cores)."""
     if workers < 1 or queue < 0:
         raise UserError(f"--workers must be at least 1 and --queue at least 0, got {workers} and {queue}")
     try:
@@ -172,7 +172,8 @@ def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, b
         template = ChatTemplate(str(programs), default_template_kwargs={"enable_thinking": False})
     except (ValueError, OSError) as e:
         raise UserError(f"{programs}: {e}; serving needs the target's chat template beside the programs") from None
-    command = worker_command(programs, runner, max(1, (os.cpu_count() or 1) // workers), block_size, cost_curve)
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    command = worker_command(programs, runner, threads, block_size, cost_curve)
     return Pool(lambda: Worker(command, template, model_id, config["max_seq_len"]), workers, queue)
 
 

@@ -79,21 +79,19 @@ class Pool:
         if sum(w.load for w in self._workers) >= len(self._workers) + self._queue:
             raise Busy(len(self._workers), self._queue)
         worker = await self._worker(req.session_id)
+        if req.stream:
+            return self._held(await worker.chat.create(req), worker)
         worker.load += 1
         try:
-            result = await worker.chat.create(req)
-        except BaseException:
+            return await worker.chat.create(req)
+        finally:
             worker.load -= 1
-            raise
-        if not req.stream:
-            worker.load -= 1
-            return result
-        return self._held(result, worker)
 
     @staticmethod
     async def _held(stream: AsyncIterator[str], worker: Worker) -> AsyncIterator[str]:
-        """The stream, counted in its worker's load until it ends or its client leaves (then the generation is
-        cancelled: closing the stream tells the worker)."""
+        """The stream, counted in its worker's load while it is read (one whose client left before it started is
+        never read, and never counted); closing it when the client leaves cancels the generation in the worker."""
+        worker.load += 1
         try:
             async for chunk in stream:
                 yield chunk
@@ -171,7 +169,9 @@ def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, b
     try:
         template = ChatTemplate(str(programs), default_template_kwargs={"enable_thinking": False})
     except (ValueError, OSError) as e:
-        raise UserError(f"{programs}: {e}; serving needs the target's chat template beside the programs") from None
+        raise UserError(f"{programs} has no chat template to render chats with ({e}); `dflash serve` needs the "
+                        "target's own, which the package stage copies beside the programs when the target has one") \
+            from None
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     command = worker_command(programs, runner, threads, block_size, cost_curve)
     return Pool(lambda: Worker(command, template, model_id, config["max_seq_len"]), workers, queue)

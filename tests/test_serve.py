@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,8 @@ from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts
 from dflash_et.runtime.cpp_runner import CppEngine
 from dflash_et.runtime.engine import Engine
-from dflash_et.serve import Pool, Worker, openai_errors
+from dflash_et.errors import UserError
+from dflash_et.serve import Pool, Worker, make_pool, openai_errors
 from executorch.examples.llm_server.python.chat_template import ChatTemplate
 from executorch.examples.llm_server.python.openai_transcript import OpenAITranscriptState
 from executorch.examples.llm_server.python.protocol import ChatMessage
@@ -199,6 +201,53 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
     assert post(url, {"model": MODEL, "messages": hi, "max_tokens": 4})[0] == 200
 
 
+SLOW_WORKER = r"""
+import json, os, sys, time
+control = int(os.environ["EXECUTORCH_LLM_WORKER_CONTROL_FD"])
+os.set_blocking(control, False)
+print(json.dumps({"ready": True, "max_named_sessions": 4, "supports_cancel": True}), flush=True)
+for line in sys.stdin:
+    request, cancelled = json.loads(line), False
+    for step in range(request["max_new_tokens"] if request["max_new_tokens"] > 0 else 200):
+        print(json.dumps({"token": f" w{step}"}), flush=True)
+        time.sleep(0.02)
+        try:
+            cancelled = int.from_bytes(os.read(control, 8), "little") == request["cancel_request_id"]
+        except BlockingIOError:
+            pass
+        if cancelled:
+            break
+    print(f"slow worker: {'cancelled' if cancelled else 'finished'} after {step + 1} steps", file=sys.stderr, flush=True)
+    print(json.dumps({"done": True, "prompt_tokens": 3, "completion_tokens": step + 1, "finish_reason": "stop",
+                      "cancelled": cancelled}), flush=True)
+"""
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_generation(programs, tmp_path):
+    """Through `dflash serve` with a scripted worker slow enough to leave mid-reply (a token each 20 ms): the
+    worker gets the cancellation frame and stops, and the next request is served."""
+    fake = tmp_path / "dflash_runner"
+    fake.write_text(f"#!{sys.executable}\n{SLOW_WORKER}")
+    fake.chmod(0o755)
+    log = tmp_path / "server.log"
+    with served(programs, fake, log) as (url, _):
+        port = int(url.split(":")[2].split("/")[0])
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            received = b""
+            while b"w3" not in received:
+                received += s.recv(4096)
+        for _ in range(100):
+            if "slow worker:" in log.read_text():
+                break
+            time.sleep(0.05)
+        assert re.search(r"slow worker: cancelled after \d+ steps", log.read_text()), log.read_text()
+        status, answer = post(url, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert status == 200 and answer["choices"][0]["message"]["content"].startswith(" w0"), answer
+
+
 def test_a_client_that_leaves_mid_stream_does_not_stop_the_server(server):
     url, _ = server
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}],
@@ -238,6 +287,27 @@ def test_a_worker_that_dies_is_replaced(programs, runner, tmp_path):
         after = worker_pids(pid)
         assert len(after) >= 1 and not set(after) & set(before)
     assert "is gone; starting another" in log.read_text()
+
+
+def test_serve_refuses_what_it_cannot_serve_in_one_line(programs, runner, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(programs, bare)
+    (bare / "chat_template.jinja").unlink()
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    no_draft = tmp_path / "no-draft"
+    shutil.copytree(programs, no_draft)
+    (no_draft / "draft.pte").unlink()
+    for args, message in (((tmp_path, runner), "holds no readable export.json"),
+                          ((bare, runner), "has no chat template to render chats with"),
+                          ((programs, runner, 0), "--workers must be at least 1"),
+                          ((no_draft, runner), r"the C\+\+ worker did not start .+; run `.+ --worker")):
+        with pytest.raises(UserError, match=message):
+            make_pool(*args)
+    run = subprocess.run([str(Path(sys.executable).parent / "dflash"), "serve", "--programs", str(programs.parent /
+                          "nowhere")], capture_output=True, text=True, env={**os.environ, "DFLASH_RUNNER": str(runner)})
+    assert run.returncode == 1 and run.stderr.startswith("error: ") and "export.json" in run.stderr, run.stderr
 
 
 # ------------------------------------------------------------------------------------- the worker itself

@@ -215,9 +215,9 @@ class Worker {
       cancelled = control_.cancelled(cancel_id);
       return !stopped && !cancelled;
     };
-    holder_ = session;
     const Generation g = ar_ ? pair_.ar(ids, max_new, sampler, on_tokens)
                              : pair_.dflash(ids, max_new, block_, sampler, on_tokens);
+    holder_ = session;
     if (const std::string rest = stream.finish(); !rest.empty() && !stopped && !cancelled) send({{"token", rest}});
 
     std::vector<int64_t> generated = g.tokens;

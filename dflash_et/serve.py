@@ -21,7 +21,8 @@ from executorch.examples.llm_server.python.errors import APIError
 from executorch.examples.llm_server.python.server import build_app
 from executorch.examples.llm_server.python.serving_chat import ServingChat
 from executorch.examples.llm_server.python.session_runtime import SessionRuntime
-from executorch.examples.llm_server.python.tool_parsers import HermesDetector
+from executorch.examples.llm_server.python.tool_parsers import (GemmaToolCallDetector, HermesDetector,
+                                                                QwenFunctionCallDetector)
 from executorch.examples.llm_server.python.worker_client import WorkerError, spawn_worker
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,6 +42,15 @@ class Busy(APIError):
                          "server_error", "server_overloaded")
 
 
+def tool_parser(chat_template: str) -> type:
+    """ExecuTorch's parser for the calls a target writes, told by how its chat template renders a call: Gemma 4's
+    `<|tool_call>call:NAME{..}`, Qwen3.5's XML `<function=NAME><parameter=..>`, else the Hermes JSON of Qwen3 and
+    the built-in target (`<tool_call>{"name": .., "arguments": ..}`)."""
+    if "<|tool_call>" in chat_template:
+        return GemmaToolCallDetector
+    return QwenFunctionCallDetector if "<function=" in chat_template else HermesDetector
+
+
 class Worker:
     """One dflash_runner --worker process and ExecuTorch's OpenAI adapter over it."""
 
@@ -51,7 +61,7 @@ class Worker:
             raise UserError(f"the C++ worker did not start ({e}); run `{' '.join(command)}` to see why") from None
         self.runtime = SessionRuntime(client)
         self.chat = ServingChat(self.runtime, template, model_id, max_context=max_context,
-                                tool_detector_cls=HermesDetector)
+                                tool_detector_cls=tool_parser(template.chat_template_str() or ""))
         self.load = 0  # requests running or waiting on it
 
     @property

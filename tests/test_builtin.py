@@ -1,6 +1,7 @@
 """The built-in pair: deterministic, loadable by transformers, and in z-lab's draft layout."""
 
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -8,6 +9,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from dflash_et.checkpoints import builtin
+from dflash_et.data.tool_chats import tool_call, tool_chat
 
 
 def files(d: Path) -> dict[str, bytes]:
@@ -47,6 +49,23 @@ def test_tokenizer_round_trips_and_has_chat_template(pair):
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                    add_generation_prompt=True, enable_thinking=False)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_the_chat_template_renders_tools_and_calls_as_the_tool_chats_teach(pair):
+    """A tool chat carried on to its result renders its call as the reply the model learns to write (one rule for
+    both: the template), its tools in the system turn and the result as a user turn; no tools, no system text."""
+    tok = AutoTokenizer.from_pretrained(pair[0])
+    rng = random.Random(0)
+    while len((chat := tool_chat(rng))[0]) == 1:
+        pass
+    messages, tools, _ = chat
+    rendered = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                       enable_thinking=False)
+    name, arguments = (messages[1]["tool_calls"][0]["function"][k] for k in ("name", "arguments"))
+    assert rendered.startswith("<|im_start|>system\n" + builtin.TOOLS_INTRO + "\n" + json.dumps(tools[0]))
+    assert "<|im_start|>assistant\n" + tool_call(name, arguments) + "<|im_end|>\n" in rendered
+    assert f"<|im_start|>user\n<tool_response>\n{messages[2]['content']}\n</tool_response><|im_end|>\n" in rendered
+    assert "system" not in tok.apply_chat_template(messages[:1], tokenize=False)
 
 
 def test_draft_matches_zlab_layout(pair):
@@ -106,12 +125,13 @@ def test_long_chats_train_the_reply_after_a_document(monkeypatch):
     assert tok.decode(seq[reply:]).startswith("Hi!") and reply > 0
     fed = []
     loss = builtin._loss
-    monkeypatch.setattr(builtin, "_loss", lambda m, batch, from_reply: fed.append((len(batch[0][0]), from_reply))
-                        or loss(m, batch, from_reply))
+    monkeypatch.setattr(builtin, "_loss", lambda m, batch, from_reply: fed.append((len(batch), len(batch[0][0]),
+                                                                                  from_reply)) or loss(m, batch, from_reply))
     builtin.train_target(model, tok, {**builtin.TARGET_TRAINING, "steps": 2, "batch": 2, "samples": 64,
-                                      "long_steps": 2, "long_batch": 3, "long_tokens": 700})
-    long = [n for n, from_reply in fed if from_reply]
-    assert len(fed) == 6 and len(long) == 2 and all(256 < n <= 700 + 20 for n in long)
+                                      "long_steps": 2, "long_batch": 3, "long_tokens": 700, "tool_batch": 5})
+    long = [n for _, n, from_reply in fed if from_reply]
+    assert [size for size, _, _ in fed] == [2, 5, 2, 5, 3, 1, 5, 3, 1, 5]  # tool chats in every step of both phases
+    assert len(long) == 2 and all(256 - 60 < n <= 700 + 20 for n in long)  # a document is whole texts (<60 tokens)
     with torch.no_grad():  # from_reply: the next-token loss of the reply's tokens alone
         logits = model(input_ids=torch.tensor([seq])).logits[0]
         expected = torch.nn.functional.cross_entropy(logits[reply - 1:-1], torch.tensor(seq[reply:]))

@@ -9,6 +9,7 @@ downstream code then has a single path for both.
 
 import json
 import math
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from dflash_et.checkpoints.load import eos_ids
 from dflash_et.data.chat import encode_chat
 from dflash_et.data.corpus import samples
 from dflash_et.data.prompts import with_documents
+from dflash_et.data.tool_chats import tool_chat
 from dflash_et.threads import all_cores
 
 SEED = 0
@@ -29,11 +31,30 @@ ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 THINK, END_THINK, MASK = "<think>", "</think>", "<|mask|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, THINK, END_THINK, MASK]
 
-# Qwen3's template, reduced to what a chat needs: roles, a generation prompt, and the
-# empty think block that `enable_thinking=False` inserts.
+# Qwen3's template, reduced to what a chat needs: roles, a generation prompt, the empty think block that
+# `enable_thinking=False` inserts, and tools: their declarations in the system turn, an assistant's calls in the
+# Hermes format and the tools' results as a user turn (data.tool_chats teaches them); Qwen3's own system text
+# about tools, shortened to leave room in a small context.
+TOOLS_INTRO = "# Tools\n\nYou may call these functions:\n<tools>"
+TOOLS_OUTRO = ("\n</tools>\n\nTo call one, reply with <tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
 CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- " + json.dumps(TOOLS_INTRO) + " }}{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
+    "{{- " + json.dumps(TOOLS_OUTRO) + " + '<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- if message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif not (tools and loop.first and message.role == 'system') %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}{%- set call = call.function if call.function is defined else call %}"
+    "{%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    "{{- call.arguments if call.arguments is string else call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
@@ -64,6 +85,9 @@ def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_EN
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     text = [f"{prompt}\n{answer}" for _, prompt, answer in samples(3000, seed=SEED)]
+    rng = random.Random(SEED)
+    for messages, tools, reply in (tool_chat(rng) for _ in range(1500)):
+        text.append("\n".join([TOOLS_INTRO, *map(json.dumps, tools), TOOLS_OUTRO, *(m["content"] for m in messages), reply]))
     tok.train_from_iterator(text, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=eos, pad_token=pad, chat_template=chat_template,
@@ -108,16 +132,20 @@ def write_target(out: Path, trained: bool = True, shape: dict | None = None, tra
 # Training runs in two phases, as a real LLM's: `steps` on short corpus chats, then `long_steps` more (at `long_lr`)
 # that each add one long chat, a question after a document of other corpus samples (data.prompts.with_documents,
 # as the bench's `long` prompts are made) of 256..`long_tokens` tokens, its loss on the reply alone. Trained on
-# short chats alone, it replies to a long prompt with a token or two (docs/measurements.md#long-context).
+# short chats alone, it replies to a long prompt with a token or two (docs/measurements.md#long-context). Every step
+# of both also adds `tool_batch` tool-calling chats (data.tool_chats), their loss on the whole chat (on the reply
+# alone, a small target writes names no declaration has).
 TARGET_TRAINING = dict(steps=400, batch=32, lr=3e-3, warmup=20, samples=4000, seed=SEED + 2, long_steps=100,
-                       long_lr=1e-3, long_batch=16, long_tokens=4096)
+                       long_lr=1e-3, long_batch=16, long_tokens=4096, tool_batch=4)
 
 
-def _chat(tokenizer: PreTrainedTokenizerFast, prompt: str, answer: str) -> tuple[list[int], int]:
-    """A chat rendered as a generation prompt plus a reply ending with the tokenizer's EOS (the end of a turn),
-    and where the reply starts."""
-    head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True, enable_thinking=False)
+def _chat(tokenizer: PreTrainedTokenizerFast, prompt: str | list[dict], answer: str,
+          tools: list[dict] | None = None) -> tuple[list[int], int]:
+    """A chat (one user prompt, or messages) rendered as a generation prompt plus a reply ending with the
+    tokenizer's EOS (the end of a turn), and where the reply starts."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    head = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=False)
     return tokenizer.encode(head + answer + tokenizer.eos_token + "\n"), len(tokenizer.encode(head))
 
 
@@ -151,11 +179,18 @@ def _descend(model: PreTrainedModel, steps: int, lr: float, warmup: int, loss: C
 
 @all_cores()
 def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: dict = TARGET_TRAINING) -> None:
-    """Next-token training on corpus chats, then on long ones too (see TARGET_TRAINING)."""
+    """Next-token training on corpus and tool-calling chats, then on long ones too (see TARGET_TRAINING)."""
     corpus = samples(t["samples"], seed=t["seed"])
     chats = [_chat(tokenizer, prompt, answer) for _, prompt, answer in corpus]
     texts = [f"{prompt}\n{answer}" for _, prompt, answer in corpus]
+    rng = random.Random(t["seed"])
+    tool_chats = [_chat(tokenizer, messages, reply, tools) for messages, tools, reply in
+                  (tool_chat(rng) for _ in range(t["samples"] // 4))]
     gen = torch.Generator().manual_seed(t["seed"])
+
+    def tools() -> torch.Tensor:
+        picks = torch.randint(0, len(tool_chats), (t["tool_batch"],), generator=gen).tolist()
+        return _loss(model, [tool_chats[i] for i in picks], from_reply=False) if picks else torch.zeros(())
 
     def short(n: int) -> list[tuple[list[int], int]]:
         return [chats[i] for i in torch.randint(0, len(chats), (n,), generator=gen).tolist()]
@@ -168,11 +203,11 @@ def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: 
         return _chat(tokenizer, prompt, corpus[i][2])
 
     model.train()
-    _descend(model, t["steps"], t["lr"], t["warmup"], lambda: _loss(model, short(t["batch"]), from_reply=False),
-             "training the built-in target")
+    _descend(model, t["steps"], t["lr"], t["warmup"],
+             lambda: _loss(model, short(t["batch"]), from_reply=False) + tools(), "training the built-in target")
     if t["long_steps"]:
         _descend(model, t["long_steps"], t["long_lr"], t["warmup"],
-                 lambda: _loss(model, short(t["long_batch"]), False) + _loss(model, [long_chat()], True),
+                 lambda: _loss(model, short(t["long_batch"]), False) + _loss(model, [long_chat()], True) + tools(),
                  "training the built-in target on long chats")
     model.eval()
 

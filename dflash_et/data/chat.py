@@ -37,14 +37,16 @@ def _unreadable(directory: Path) -> str | None:
     return None
 
 
-def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict]) -> list[int]:
+def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
     """A prompt through the chat template, generation prompt added, Qwen3 thinking off: a string is one user
-    turn, a list of messages a whole conversation (the reply answers its last user turn). A tokenizer without
-    a template gets the plain text, a conversation's turns one per line."""
+    turn, a list of messages a whole conversation (the reply answers its last user turn), `tools` the functions
+    it may call (OpenAI declarations). A tokenizer without a template gets the plain text, a conversation's turns
+    one per line."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if tok.chat_template is None:
         return tok.encode("\n".join(m["content"] for m in messages))
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                   enable_thinking=False)
     return tok.encode(text, add_special_tokens=False)
 
 

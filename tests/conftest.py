@@ -31,7 +31,8 @@ def pair(tmp_path_factory) -> tuple[Path, Path]:
 # such as identical norms in both programs).
 SMALL_TARGET = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=24)
-SMALL_TARGET_TRAINING = dict(steps=300, batch=16, samples=2000, long_steps=0, tool_batch=4)  # no long chats; tool calls for dflash serve's tests
+# no long chats; tool calls for dflash serve's tests
+SMALL_TARGET_TRAINING = dict(steps=300, batch=16, samples=2000, long_steps=0, tool_batch=4)
 SMALL_DRAFT_TRAINING = dict(steps=500, num_prompts=96, heldout=6, max_new_tokens=40, block_size=8, anchors=8, batch=4,
                             max_seq_len=256, lr=3e-3, num_layers=1)
 

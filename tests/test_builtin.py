@@ -125,8 +125,8 @@ def test_long_chats_train_the_reply_after_a_document(monkeypatch):
     assert tok.decode(seq[reply:]).startswith("Hi!") and reply > 0
     fed = []
     loss = builtin._loss
-    monkeypatch.setattr(builtin, "_loss", lambda m, batch, from_reply: fed.append((len(batch), len(batch[0][0]),
-                                                                                  from_reply)) or loss(m, batch, from_reply))
+    monkeypatch.setattr(builtin, "_loss", lambda m, batch, from_reply: fed.append(
+        (len(batch), len(batch[0][0]), from_reply)) or loss(m, batch, from_reply))
     builtin.train_target(model, tok, {**builtin.TARGET_TRAINING, "steps": 2, "batch": 2, "samples": 64,
                                       "long_steps": 2, "long_batch": 3, "long_tokens": 700, "tool_batch": 5})
     long = [n for _, n, from_reply in fed if from_reply]

@@ -355,7 +355,7 @@ def test_training_rows_are_scored_after_their_true_predecessor_and_the_loss_adds
         torch.testing.assert_close(batch_loss(draft, batch), (token + selector) / weights.sum())
 
 
-def test_a_trained_dflash2_draft_accepts_more_and_is_saved_in_zlabs_layout(pair, tmp_path):
+def test_a_trained_dflash2_draft_accepts_more_and_is_saved_in_zlabs_layout(trained_pair, tmp_path):
     import json
     from functools import partial
 
@@ -367,12 +367,12 @@ def test_a_trained_dflash2_draft_accepts_more_and_is_saved_in_zlabs_layout(pair,
 
     config = TrainConfig(steps=80, num_prompts=12, heldout=3, max_new_tokens=24, block_size=8, anchors=8, batch=4,
                          max_seq_len=256, lr=2e-3, variant="dflash2")
-    fetch("draft", "train", tmp_path / "draft", target_dir=pair[0], train=partial(train_draft, config=config))
+    fetch("draft", "train", tmp_path / "draft", target_dir=trained_pair[0], train=partial(train_draft, config=config))
     report = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
     assert report["heldout_tau"] > report["heldout_tau_untrained"] + 0.5, report
     saved = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert saved["architectures"] == ["DFlash2DraftModel"] and saved["dflash_config"]["selector_top_k"] == 16
-    check_pair(pair[0], tmp_path / "draft")
+    check_pair(trained_pair[0], tmp_path / "draft")
     zlab = DFlash2DraftModel.from_pretrained(tmp_path / "draft")  # z-lab's names: its loader finds every weight
     assert zlab.candidate_selector.successor_codebook.weight.abs().max() > 0  # the selector learned
 

@@ -174,10 +174,10 @@ def test_loss_weights():
     assert w.shape == (15,) and w[0] == 1.0 and math.isclose(w[7].item(), math.exp(-1.0), rel_tol=1e-6)
 
 
-def test_short_training_raises_heldout_acceptance_and_round_trips(pair, tmp_path):
+def test_short_training_raises_heldout_acceptance_and_round_trips(trained_pair, tmp_path):
     config = TrainConfig(steps=80, num_prompts=12, heldout=3, max_new_tokens=24, block_size=8, anchors=8, batch=4,
                          max_seq_len=256, lr=2e-3)
-    fetch("draft", "train", tmp_path / "draft", target_dir=pair[0], train=partial(train_draft, config=config))
+    fetch("draft", "train", tmp_path / "draft", target_dir=trained_pair[0], train=partial(train_draft, config=config))
     report = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
     assert report["heldout_tau"] > report["heldout_tau_untrained"] + 0.5, report
     assert "seconds" not in report and "timings" not in report  # a dependency: no clock values in it
@@ -186,16 +186,16 @@ def test_short_training_raises_heldout_acceptance_and_round_trips(pair, tmp_path
     assert float(curve[-1].split("\t")[1]) < float(curve[1].split("\t")[1])
     summary = json.loads((tmp_path / "draft" / "dvclive" / "metrics.json").read_text())
     assert summary["heldout_tau"] == report["heldout_tau"] and summary["steps"] == config.steps
-    check_pair(pair[0], tmp_path / "draft")  # z-lab layout, fits the target
+    check_pair(trained_pair[0], tmp_path / "draft")  # z-lab layout, fits the target
     other = tmp_path / "other-target"  # same shapes, another checkpoint (here: one more config key)
-    shutil.copytree(pair[0], other)
+    shutil.copytree(trained_pair[0], other)
     (other / "fingerprint.json").unlink()
     (other / "config.json").write_text(json.dumps({**json.loads((other / "config.json").read_text()), "note": "ft"}))
     with pytest.raises(CheckpointError, match="was trained for another target than .*other-target.*retrain it"):
         check_pair(other, tmp_path / "draft")
     saved = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert saved["block_size"] == config.block_size and saved["architectures"] == ["DFlashDraftModel"]
-    _, _, settings = load_pair(pair[0], tmp_path / "draft", max_seq_len=256)
+    _, _, settings = load_pair(trained_pair[0], tmp_path / "draft", max_seq_len=256)
     assert settings.block_size == config.block_size
     (tmp_path / "draft" / "train_draft.json").unlink()  # the way out the error names
     check_pair(other, tmp_path / "draft")

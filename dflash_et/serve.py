@@ -125,8 +125,7 @@ class Pool:
         return self._workers[i]
 
     async def close_session(self, session_id: str) -> None:
-        i = self._sessions.pop(session_id, None)
-        await self._workers[i or 0].chat.close_session(session_id)
+        await self._workers[self._sessions.pop(session_id, 0)].chat.close_session(session_id)
 
     async def reset_session(self, session_id: str) -> None:
         await self._workers[self._sessions.get(session_id, 0)].chat.reset_session(session_id)

@@ -1,7 +1,6 @@
 #include "decode.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <numeric>
 
@@ -15,10 +14,6 @@ namespace {
 using executorch::aten::ScalarType;
 using executorch::extension::from_blob;
 namespace meta = metadata;
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::vector<int64_t> positions(int64_t start, int64_t length) {
   std::vector<int64_t> out(length);

@@ -11,11 +11,12 @@
 #include "errors.h"
 
 namespace dflash {
-namespace {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+namespace {
 
 // np.interp(x, xp, fp) for increasing xp: the end values outside, fp[j] at xp[j], else the line between.
 double interp(double x, const std::vector<int64_t>& xp, const std::vector<double>& fp) {

@@ -14,6 +14,9 @@
 
 namespace dflash {
 
+// Seconds on a steady clock (every timing of the runner).
+double now();
+
 // Milliseconds per program call on one device, at a few cache positions, interpolated between them as
 // np.interp does (adaptive.CostCurve; the same JSON file, reports/cost_curve.json).
 struct CostCurve {

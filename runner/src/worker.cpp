@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -21,10 +20,6 @@ using json = nlohmann::json;
 
 constexpr size_t kMaxSessions = 64;  // named sessions admitted at once (their bookkeeping only: one cache)
 constexpr const char* kControlFdVariable = "EXECUTORCH_LLM_WORKER_CONTROL_FD";
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void send(const json& message) {
   std::cout << message.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
@@ -232,6 +227,7 @@ class Worker {
     const double total_s = now() - t0;
     const auto made = static_cast<int64_t>(generated.size());
     const double tau = drafting ? static_cast<double>(accepted + drafting) / drafting : 0.0;
+    const double decode_tok_s = decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0;
     send({{"done", true},
           {"prompt_tokens", prompt_tokens},
           {"completion_tokens", made},
@@ -243,7 +239,7 @@ class Worker {
           {"decode_ms", 1000 * decode_s},
           {"total_ms", 1000 * total_s},
           {"prefill_tok_s", g.prefill_s > 0 ? (prompt_tokens - g.reused) / g.prefill_s : 0.0},
-          {"decode_tok_s", decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0},
+          {"decode_tok_s", decode_tok_s},
           // a reply cut at a stop string or a cancellation is not what the client will send back next turn
           {"generated_token_ids", stopped || cancelled ? std::vector<int64_t>{} : generated},
           {"cancelled", cancelled},
@@ -254,8 +250,7 @@ class Worker {
                  "prefill_ms=%.1f decode_tok_s=%.1f%s\n",
                  session.empty() ? "-" : session.c_str(), static_cast<long long>(prompt_tokens),
                  static_cast<long long>(g.reused), g.resume.c_str(), static_cast<long long>(g.tokens.size()),
-                 g.rounds.size(), tau, 1000 * g.prefill_s,
-                 decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0,
+                 g.rounds.size(), tau, 1000 * g.prefill_s, decode_tok_s,
                  cancelled ? " cancelled" : stopped ? " stop string" : "");
   }
 

@@ -18,6 +18,10 @@ def _has_cuda() -> bool:
 # 18 lines of a `dvc repro` log): nothing a user of this project can act on
 warnings.filterwarnings("ignore", message="_check_is_size will be removed", category=FutureWarning)
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+# once per program exported (a `dvc repro` log line pair per program): the programs' mutated buffers are caches
+# (attention K/V, the draft's context, DeltaNet state) that every generation writes before it reads them (a
+# DeltaNet call at position 0 starts from zeros, models/deltanet.py), so their initial values need no serializing
+warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
 # printed by every command before its first line of output (4 lines a stage): torchao's CUDA-only kernel
 # libraries, which a CPU build of torch cannot load, and torchao registering its enums with torch's pytree
 logging.getLogger("torchao").addFilter(

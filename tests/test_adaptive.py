@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from dflash_et.errors import UserError
-from dflash_et.runtime import adaptive
-from dflash_et.runtime.adaptive import AdaptivePlanner, Calibration, CostCurve, expected_tokens
-from dflash_et.runtime.adaptive import confidence as adaptive_confidence
+from dflash_et.runtime import adaptive, cost_curve
+from dflash_et.runtime.adaptive import AdaptivePlanner, Calibration, expected_tokens
+from dflash_et.runtime.cost_curve import CostCurve
+from dflash_et.runtime.cost_curve import confidence as adaptive_confidence
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 
 V, H, MASK = 64, 4, 63
@@ -256,7 +257,7 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
         return target(tokens, input_pos)
 
     draft = ScriptedDraft(right=lambda p: False)  # wrong everywhere: a sweep must not depend on acceptance
-    c = adaptive.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=2)
+    c = cost_curve.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=2)
     assert len(c.positions) == 3 and all(len(row) == 8 for row in c.target_ms) and all(len(row) == 7 for row in c.draft_ms)
     assert all(p + t <= 200 for t, p in calls) and 0 < c.confidence_ms
     lengths = "".join(str(t) if t < 10 else "|" for t, _ in calls)  # prefill chunks of 16 read as |
@@ -265,11 +266,11 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
     positions = [p for t, p in calls][-32:]
     assert positions == list(range(positions[0], positions[0] + 32)) and positions[-1] == 199
     calls.clear()  # a cache too small for three rounds of each block: one each, still inside it
-    small = adaptive.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
+    small = cost_curve.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
     assert all(p + t <= 10 for t, p in calls) and [t for t, _ in calls][-8:] == list(range(8, 0, -1))
     assert all(len(row) == 8 and all(x > 0 for x in row) for row in small.target_ms)
     # sweeps from chosen positions (tools.cost_by_position), each reported at its mean; the end of the cache is kept
-    chosen = adaptive.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[100, 20])
+    chosen = cost_curve.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[100, 20])
     assert chosen.positions == [20 + 12, 100 + 12] and len(chosen.draft_ms) == 2
     with pytest.raises(UserError, match=r"cost curve sweeps start at 1..168 in a cache of 200, not at \[20, 170\]"):
-        adaptive.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[20, 170])
+        cost_curve.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[20, 170])

@@ -16,7 +16,7 @@ def test_bench_metrics_and_plots(programs, monkeypatch):
     a fixed curve here (verifying costs what a plain step does, as on a device with spare compute), so what
     auto does is decided by the draft, not by the machine's load; test_adaptive times real curves."""
     import dflash_et.runtime.engine as engine_module
-    from dflash_et.runtime.adaptive import CostCurve
+    from dflash_et.runtime.cost_curve import CostCurve
 
     monkeypatch.setattr(engine_module, "measure_cost_curve",
                         lambda target, draft, max_block, *args: CostCurve([64], [[1.0] * max_block], [[0.5] * (max_block - 1)]))
@@ -94,7 +94,7 @@ def test_long_prompts_are_a_document_then_a_question(source):
     measured questions after a document of train-split texts only (no measured question inside it)."""
     from dflash_et.checkpoints import builtin
     from dflash_et.data.chat import encode_chat
-    from dflash_et.evaluate.bench import long_rows
+    from dflash_et.evaluate.bench_runs import long_rows
 
     tok = builtin.build_tokenizer()
     rows = load_prompts(source, 4)

@@ -11,7 +11,7 @@ from dflash_et import cli
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts
-from dflash_et.runtime.adaptive import CostCurve
+from dflash_et.runtime.cost_curve import CostCurve
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import generate_ar
 from dflash_et.runtime.sampling import Sampler, Sampling

@@ -18,8 +18,9 @@ from dflash_et import cli
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.adaptive import AdaptivePlanner, CostCurve
-from dflash_et.runtime.adaptive import confidence as adaptive_confidence
+from dflash_et.runtime.adaptive import AdaptivePlanner
+from dflash_et.runtime.cost_curve import CostCurve
+from dflash_et.runtime.cost_curve import confidence as adaptive_confidence
 from dflash_et.runtime.cpp_runner import CppEngine
 from runner.bindings import CppPlanner, LlamaKernels
 from dflash_et.runtime.engine import Engine
@@ -497,6 +498,22 @@ def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path
     cmd = subprocess.run([str(Path(sys.executable).parent / "dflash"), "generate", "--prompt", "hi", "--programs",
                           str(broken)], capture_output=True, text=True)
     assert cmd.returncode == 1 and cmd.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+
+
+def test_the_runtimes_info_lines_are_not_shown_but_its_errors_are(runner, programs, tmp_path):
+    """ExecuTorch's Info lines (its thread pool's five cpuinfo lines, in every process that loads a program) reach
+    neither the runner's stderr nor `dflash generate`'s; the runtime's errors still do, beside the command's own."""
+    dflash = str(Path(sys.executable).parent / "dflash")
+    broken = tmp_path / "broken"
+    shutil.copytree(programs, broken)
+    (broken / "draft.pte").write_bytes((programs / "draft.pte").read_bytes()[:50_000])
+    for folder, lines in ((programs, 1), (broken, 2)):  # the statistics; the runtime's error and the command's
+        args = "--prompt", "hi", "--programs", str(folder), "--max-new-tokens", "4"
+        for done in (run_binary(runner, folder, *args[:2], *args[4:]),
+                     subprocess.run([dflash, "generate", *args], capture_output=True, text=True)):
+            assert len(done.stderr.splitlines()) == lines and "cpuinfo" not in done.stderr, done.stderr
+            assert done.returncode == (folder == broken)
+            assert "[dflash] 4 tokens" in done.stderr if folder == programs else "File size is too small" in done.stderr
 
 
 def test_bench_with_the_cpp_runner(programs, runner):

@@ -3,7 +3,7 @@
     python -m tools.cost_by_position PROGRAMS_DIR [PROGRAMS_DIR ...] [--positions 256 1024 2048 4000] [--repeats 5]
 
 For each programs directory, in turn, decoding rounds of every block are timed as the engine's own cost curve
-times them (runtime.adaptive.measure_cost_curve: rounds run by generate_dflash, the same shapes back to back),
+times them (runtime.cost_curve.measure_cost_curve: rounds run by generate_dflash, the same shapes back to back),
 with sweeps starting at each position. It prints, per position (the sweep's mean), a plain step (the target on
 one token), the target on the largest block and the draft on it, in ms. Two programs directories that differ in
 one setting (a draft with and without a context window) show what that setting does to a round's cost.
@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 import dflash_et  # noqa: F401  (one OpenMP thread before torch loads: see dflash_et.threads)
-from dflash_et.runtime.adaptive import measure_cost_curve
+from dflash_et.runtime.cost_curve import measure_cost_curve
 from dflash_et.runtime.engine import Engine
 
 

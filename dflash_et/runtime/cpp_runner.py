@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.adaptive import CostCurve
+from dflash_et.runtime.cost_curve import CostCurve
 from dflash_et.runtime.generate import Generation, OnTokens, Round
 from dflash_et.runtime.engine import BlockSize, check_block_size, recommended
 from dflash_et.runtime.sampling import Sampler, Sampling

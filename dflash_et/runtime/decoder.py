@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dflash_et.errors import UserError
-from dflash_et.runtime.adaptive import CostCurve
+from dflash_et.runtime.cost_curve import CostCurve
 from dflash_et.runtime.cpp_runner import CppEngine
 from dflash_et.runtime.engine import BlockSize, Engine
 from dflash_et.runtime.generate import Generation, OnTokens

@@ -10,7 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dflash_et.errors import ProgramError
-from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, CostCurve, measure_cost_curve, plans
+from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, plans
+from dflash_et.runtime.cost_curve import CostCurve, measure_cost_curve
 from dflash_et.runtime.generate import Generation, OnTokens, generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling

@@ -13,6 +13,7 @@ import torch
 
 from dflash_et.errors import ProgramError
 from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD, DraftMeta, Metadata, TargetMeta
+from dflash_et.runtime.runtime_log import errors_only
 
 # export.backend -> the id its delegate registers in the ExecuTorch runtime, and where that runtime has it
 # (portable programs need no delegate)
@@ -139,6 +140,7 @@ def _load(pte: Path, ptd: Path | None):
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.runtime import Runtime
 
+    errors_only()
     if not pte.is_file():
         raise ProgramError(f"{pte} does not exist; run `dvc repro` (or `dvc pull`) to build the programs")
     if ptd is not None and not ptd.is_file():

@@ -80,7 +80,7 @@ class Pair {
   // and hands each step's new tokens to `on_tokens`.
   Generation decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens = nullptr);
-  // adaptive.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
+  // cost_curve.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
   CostCurve measure_cost_curve(int64_t repeats);
   // Runs the prompt from position `start` through the target in chunks; returns the first token and appends the
   // taps to `taps` (null: plain decoding, which feeds no draft).

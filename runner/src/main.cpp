@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include <executorch/runtime/platform/platform.h>
 #include <executorch/runtime/platform/runtime.h>
 #include <nlohmann/json.hpp>
 
@@ -252,9 +253,20 @@ void serve(dflash::Pair& pair) {
   }
 }
 
+// ExecuTorch logs at Info what no user acts on (the thread pool's five cpuinfo lines, every run): the runtime's
+// own printer gets errors and fatal messages only (dflash_et/runtime/programs.py keeps the same rule).
+pal_emit_log_message_method runtime_printer = nullptr;
+
+void print_errors_only(et_timestamp_t timestamp, et_pal_log_level_t level, const char* filename,
+                       const char* function, size_t line, const char* message, size_t length) {
+  if (level != kDebug && level != kInfo) runtime_printer(timestamp, level, filename, function, line, message, length);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  runtime_printer = executorch::runtime::get_pal_impl()->emit_log_message;
+  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(print_errors_only, __FILE__));
   executorch::runtime::runtime_init();
   dflash::register_llama_ops();
   try {

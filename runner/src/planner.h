@@ -18,7 +18,7 @@ namespace dflash {
 double now();
 
 // Milliseconds per program call on one device, at a few cache positions, interpolated between them as
-// np.interp does (adaptive.CostCurve; the same JSON file, reports/cost_curve.json).
+// np.interp does (cost_curve.CostCurve; the same JSON file, reports/cost_curve.json).
 struct CostCurve {
   std::vector<int64_t> positions;
   std::vector<std::vector<double>> target_ms;  // [position][T - 1]: a target call of T = 1..max_block tokens
@@ -37,7 +37,7 @@ struct CostCurve {
 // The draft's probability of its top token in each row of its logits [rows, vocab].
 std::vector<double> confidence(const float* logits, int64_t rows, int64_t vocab);
 // Per length, the mean of the middle half of its times, then no length dearer than a longer one
-// (adaptive._typical).
+// (cost_curve._typical).
 std::vector<double> typical(const std::vector<std::vector<double>>& times);
 // E(k) for k = 0..n: tokens a round emits on average when it verifies the first k of n proposals.
 std::vector<double> expected_tokens(const std::vector<double>& acceptance);

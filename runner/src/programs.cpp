@@ -110,7 +110,13 @@ std::vector<EValue> Pte::constant(const std::string& method_name) const {
   return values;
 }
 
-bool Pte::has(const std::string& name) const { return program_->method_meta(name.c_str()).ok(); }
+// By name, not method_meta: that logs an error line for a method the program lacks (optional metadata often is)
+bool Pte::has(const std::string& name) const {
+  for (size_t i = 0; i < program_->num_methods(); ++i) {
+    if (auto method = program_->get_method_name(i); method.ok() && name == method.get()) return true;
+  }
+  return false;
+}
 
 double Pte::real(const std::string& name) const {
   auto values = constant(name);

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.export.lower import ExportConfig, load_models
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.loading import load_models
 from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id

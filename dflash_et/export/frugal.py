@@ -39,12 +39,13 @@ SPILL_FROM_BYTES = 1 << 30  # of checkpoint weights: `pays` says why
 def pays(target_dir: Path, draft_dir: Path) -> bool:
     """Whether an export of this pair should spill: its checkpoints' weights are SPILL_FROM_BYTES (1 GiB) or more.
 
-    Without spilling, ExecuTorch's serializer peaks at about 2.5x the program's size (docs/measurements.md, "Export
-    memory": 13.68 GiB for a 5.69 GB fp32 program): the weights, the emitter's copy and the serialized one. Under
-    1 GiB of weights that is a few GiB, which any build host has, while spilling still costs a spool file written
-    and read back and ExecuTorch's internals replaced (`upstream_patches`); from there on the copies decide whether
-    an export fits at all (a 31B's bf16 weights are 62 GB). The checkpoints' size, not the free memory: the same
-    pair exports the same way on every host, and the program is byte for byte the same either way.
+    Without spilling, ExecuTorch's serializer peaks at about 2.5x the program's size, more where the export makes
+    new weights (docs/measurements.md, "Export memory": 13.68 GiB for a 5.69 GB fp32 program; the worst measured,
+    8da4w from a bf16 checkpoint, 11.9 bytes per parameter). Under 1 GiB of bf16 weights (0.5B parameters) that is
+    at most about 6 GiB, which a build host has, while spilling still costs a spool file written and read back and
+    ExecuTorch's internals replaced (`upstream_patches`); above it the copies decide whether an export fits at all
+    (a 31B's bf16 weights are 62 GB). The checkpoints' size, not the free memory: the same pair exports the same
+    way on every host, and the program is byte for byte the same either way.
     """
     return sum(f.stat().st_size for d in (target_dir, draft_dir) for f in weight_files(d)) >= SPILL_FROM_BYTES
 

@@ -4,7 +4,8 @@ gets the export's peak resident memory."""
 
 from pathlib import Path
 
-from dflash_et.export.lower import ExportConfig, export_program
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.lower import export_program
 from dflash_et.files import staged_dir
 from stages.common import params, run
 

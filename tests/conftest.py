@@ -228,7 +228,7 @@ def planned_arenas(pte: Path) -> dict[str, list[int]]:
 def numerics(programs_dir: Path, pair: tuple[Path, Path], export_config=None):
     """compare_numerics of the programs against the eager pair (quantized like the export when it was)."""
     from dflash_et.checkpoints.pair import load_pair
-    from dflash_et.export.lower import quantize
+    from dflash_et.export.recipes import quantize
     from dflash_et.evaluate.validate import compare_numerics
     from dflash_et.runtime.programs import load_programs
 
@@ -255,7 +255,8 @@ def validate_config(**params):
 def build_programs(pair, out: Path, **export_params) -> Path:
     """Export both programs and package them into `out`, as the pipeline's stages do. (Fixtures whose tests never
     call the target's stock `forward` pass stock_forward=False: it doubles the target's lowering time.)"""
-    from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program
+    from dflash_et.export.config import PROGRAM_KINDS, ExportConfig
+    from dflash_et.export.lower import export_program
     from dflash_et.export.package import package
 
     config = ExportConfig.from_params({"max_seq_len": MAX_SEQ_LEN, "prefill_chunk": PREFILL_CHUNK, **export_params})
@@ -300,7 +301,8 @@ def mixed_programs(programs, trained_pair, tmp_path_factory) -> Path:
     import json
     import shutil
 
-    from dflash_et.export.lower import ExportConfig, export_program
+    from dflash_et.export.config import ExportConfig
+    from dflash_et.export.lower import export_program
 
     def build(out: Path) -> None:
         shutil.copytree(programs, out / "programs")
@@ -326,7 +328,8 @@ def reduced_vocab_programs(programs, trained_pair, tmp_path_factory) -> Path:
     the target emitted most in the draft's training replies (token_counts.json)."""
     import shutil
 
-    from dflash_et.export.lower import ExportConfig, export_program
+    from dflash_et.export.config import ExportConfig
+    from dflash_et.export.lower import export_program
 
     def build(out: Path) -> None:
         shutil.copytree(programs, out / "programs")
@@ -346,7 +349,8 @@ def windowed_programs(programs, trained_pair, tmp_path_factory) -> Path:
     import json
     import shutil
 
-    from dflash_et.export.lower import ExportConfig, export_program
+    from dflash_et.export.config import ExportConfig
+    from dflash_et.export.lower import export_program
 
     def build(out: Path) -> None:
         shutil.copytree(programs, out / "programs")
@@ -380,7 +384,8 @@ def trained_dflash2_programs(programs, trained_pair, tmp_path_factory) -> Path:
     from safetensors.torch import load_file
 
     from dflash_et.checkpoints import zlab
-    from dflash_et.export.lower import ExportConfig, export_program
+    from dflash_et.export.config import ExportConfig
+    from dflash_et.export.lower import export_program
 
     def build(out: Path) -> None:
         shutil.copytree(programs, out / "programs")

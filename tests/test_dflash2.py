@@ -232,7 +232,8 @@ def dflash2_programs(programs, trained_pair, tmp_path_factory):
     """The trained target's programs with a random DFlash2 draft.pte beside them (fp32 XNNPACK)."""
     import shutil
 
-    from dflash_et.export.lower import ExportConfig, export_program
+    from dflash_et.export.config import ExportConfig
+    from dflash_et.export.lower import export_program
     from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
 
     out = tmp_path_factory.mktemp("dflash2-programs")
@@ -281,7 +282,8 @@ def test_the_cpp_runner_walks_a_dflash2_draft_as_the_python_engine_does(dflash2_
 def test_a_dflash2_draft_lowers_to_mlx_4w_in_one_delegate(pair, tmp_path):
     """MLX's 4w recipe quantizes Linears and embeddings in groups of 32: the selector's rank-8 codebooks are
     narrower and stay as they are; the convolutions and the lattice lower with the rest (top-k beside it)."""
-    from dflash_et.export.lower import ExportConfig, export_program
+    from dflash_et.export.config import ExportConfig
+    from dflash_et.export.lower import export_program
 
     draft_dir = random_draft(tmp_path / "draft", pair[0], **DFLASH2)
     config = ExportConfig.from_params({"max_seq_len": 64, "prefill_chunk": 16, "backend": "mlx", "dtype": "bf16",

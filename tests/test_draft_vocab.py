@@ -6,7 +6,8 @@ import torch
 from tests.conftest import DFLASH2, REDUCED_VOCAB, chat_checkpoint, random_draft, validate_config
 from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts, write_counts
 from dflash_et.errors import ExportError
-from dflash_et.export.lower import ExportConfig, load_models
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.loading import load_models
 from dflash_et.runtime.sampling import Sampler
 
 TOKENS, POS = torch.tensor([[1, 2, 3, 4, 5, 6]]), torch.arange(6)

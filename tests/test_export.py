@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 from dflash_et.errors import ExportError, ProgramError
-from dflash_et.export.lower import ExportConfig, export_program
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.lower import export_program
 from dflash_et.export.package import TOKENIZER_FILES, merge_weights, package
 from dflash_et.evaluate.validate import ValidateConfig, call_plan, check_lossless, validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs

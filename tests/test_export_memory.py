@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_et.export.lower import vm_hwm
+from dflash_et.export.accounting import vm_hwm
 
 
 def test_vm_hwm_reads_the_status_line(tmp_path: Path):
@@ -20,7 +20,7 @@ def test_a_child_reports_its_own_peak_not_its_parents():
     """ru_maxrss survives fork+exec; VmHWM starts afresh: the child of a 1.5 GiB parent reports its own peak."""
     ballast = bytearray(3 << 29)
     ballast[::4096] = b"\1" * len(ballast[::4096])  # resident
-    code = ("import resource; from dflash_et.export.lower import vm_hwm; "
+    code = ("import resource; from dflash_et.export.accounting import vm_hwm; "
             "print(vm_hwm(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     own, inherited = map(int, out.split())

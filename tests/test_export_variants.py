@@ -10,8 +10,10 @@ import torch
 
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.errors import ExportError, ProgramError
-from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program, quantize
+from dflash_et.export.config import PROGRAM_KINDS, ExportConfig
+from dflash_et.export.lower import export_program
 from dflash_et.export.package import package
+from dflash_et.export.recipes import quantize
 from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs, missing_backend
 from tests.conftest import (MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts, numerics,

@@ -1,12 +1,18 @@
-"""export.frugal: a program emitted with its constants as file ranges is the program emitted with bytes copies."""
+"""export.frugal and export.upstream_patches: a program emitted with its constants as file ranges is the program
+emitted with bytes copies; another ExecuTorch release, or a small pair, exports as ExecuTorch does."""
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from dflash_et.export.frugal import FileRange, spilling
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.frugal import FileRange
+from dflash_et.export.upstream_patches import spilling
+
+SMALL_EXPORT = ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False)
 
 
 def test_file_range_reads_its_bytes_alone(tmp_path: Path):
@@ -127,7 +133,8 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     weights = target / "model.safetensors"
     save_file({k: v.to(stored) for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     draft = random_draft(tmp_path / "draft", target, num_layers=1)
-    config = lower.ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False, **params)
+    config = ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False, **params)
+    monkeypatch.setattr(frugal, "SPILL_FROM_BYTES", 0)  # a pair of a few MB: spilled all the same
     monkeypatch.setattr(by_rows, "ROW_BLOCK", 1)
     monkeypatch.setattr(frugal, "CHUNK", 256)
     repacked = _mlx_repacked_files(monkeypatch) if config.backend == "mlx" else None
@@ -143,36 +150,101 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     assert sorted(p.name for p in (tmp_path / "frugal").iterdir()) == ["export.json", "target.pte"]  # no spool left
 
 
-def test_another_executorch_release_exports_as_executorch_does(tmp_path: Path, monkeypatch):
-    """`spilling` replaces ExecuTorch 1.5.1's private internals; under another release (a stub version string) it
-    patches nothing and says so in one line, and the export still writes the same program."""
-    import logging
-
-    from executorch.exir.emit import _emitter
-
+@pytest.fixture(scope="module")
+def small_pair(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A small pair and its draft.pte exported with spilling (forced: the pair is a few MB)."""
     from dflash_et.export import frugal, lower
     from tests.conftest import chat_checkpoint, random_draft
 
-    target = chat_checkpoint(tmp_path / "target", "qwen3", num_hidden_layers=2)
-    draft = random_draft(tmp_path / "draft", target, num_layers=1)
-    config = lower.ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False)
-    lower.export_program("draft", target, draft, config, tmp_path / "frugal")
-    monkeypatch.setattr(frugal, "PATCHED_FOR", "0.0.0")
-    said, log = [], logging.getLogger(frugal.__name__)
-    handler = logging.Handler()
+    tmp = tmp_path_factory.mktemp("small_pair")
+    target = chat_checkpoint(tmp / "target", "qwen3", num_hidden_layers=2)
+    draft = random_draft(tmp / "draft", target, num_layers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(frugal, "SPILL_FROM_BYTES", 0)
+        lower.export_program("draft", target, draft, SMALL_EXPORT, tmp / "spilled")
+    return target, draft, tmp / "spilled" / "draft.pte"
+
+
+def test_another_executorch_release_exports_as_executorch_does(small_pair, tmp_path: Path, monkeypatch):
+    """`spilling` replaces ExecuTorch 1.5.1's private internals; under another release (a stub version string) it
+    patches nothing and says so in one line, and the export still writes the same program, which loads and runs
+    as the eager draft does."""
+    import logging
+
+    from dflash_et.export import frugal, lower, upstream_patches
+    from dflash_et.export.loading import load_models
+    from dflash_et.runtime.programs import DraftProgram
+
+    target, draft, spilled = small_pair
+    installed = upstream_patches.version
+    monkeypatch.setattr(upstream_patches, "version", lambda name: "1.6.0" if name == "executorch" else installed(name))
+    monkeypatch.setattr(frugal, "SPILL_FROM_BYTES", 0)
+    entered = _entered(monkeypatch)
+    said = _said(logging.getLogger(upstream_patches.__name__), monkeypatch)
+    lower.export_program("draft", target, draft, SMALL_EXPORT, tmp_path)
+    assert entered == [(None, False)]  # asked to spill, and nothing of ExecuTorch's replaced
+    assert said == ["executorch 1.6.0 (not 1.5.1): frugal export replaces internals of executorch 1.5.1 and torch "
+                    "2.13.0 only, so this export serializes as ExecuTorch does (more memory: about 2.5x the program's "
+                    "size)"]
+    assert (tmp_path / "draft.pte").read_bytes() == spilled.read_bytes()
+    _, eager, settings = load_models(target, draft, SMALL_EXPORT, 32)
+    block = torch.tensor([[1] + [settings.mask_token_id] * 3])
+    hidden = torch.randn(1, 2, eager.fc.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = eager(block, hidden, torch.arange(2))
+    torch.testing.assert_close(DraftProgram(tmp_path / "draft.pte")(block, hidden, torch.arange(2)), expected,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_pair_spills_from_its_checkpoints_size_on(small_pair, tmp_path: Path, monkeypatch):
+    """frugal.pays: an export spills when its pair's checkpoints hold SPILL_FROM_BYTES or more, and exports as
+    ExecuTorch does below; the threshold is set one byte over this pair's size, then at it, so neither side
+    passes by accident (a small pair never spills by default). The programs are the same either way."""
+    from dflash_et.checkpoints.load import weight_files
+    from dflash_et.export import frugal, lower
+
+    target, draft, spilled = small_pair
+    size = sum(f.stat().st_size for d in (target, draft) for f in weight_files(d))
+    assert size < frugal.SPILL_FROM_BYTES
+    entered = _entered(monkeypatch)
+    monkeypatch.setattr(frugal, "SPILL_FROM_BYTES", size + 1)
+    lower.export_program("draft", target, draft, SMALL_EXPORT, tmp_path / "under")
+    assert entered == []
+    monkeypatch.setattr(frugal, "SPILL_FROM_BYTES", size)
+    lower.export_program("draft", target, draft, SMALL_EXPORT, tmp_path / "at")
+    assert len(entered) == 1 and isinstance(entered[0][0], frugal.Spiller) and entered[0][1]  # ExecuTorch's patched
+    assert (tmp_path / "under" / "draft.pte").read_bytes() == (tmp_path / "at" / "draft.pte").read_bytes() \
+        == spilled.read_bytes()
+
+
+def _entered(monkeypatch) -> list[tuple]:
+    """What each `spilling` an export enters yields (a Spiller; None: it replaced nothing) and whether ExecuTorch's
+    emitter was patched inside it, recorded into the list returned."""
+    from executorch.exir.emit import _emitter
+
+    from dflash_et.export import lower
+
+    entered, plain = [], lower.spilling
+
+    @contextmanager
+    def recorded(directory: Path, mlx: bool):
+        with plain(directory, mlx) as spiller:
+            entered.append((spiller, hasattr(_emitter, "bytes")))
+            yield spiller
+
+    monkeypatch.setattr(lower, "spilling", recorded)
+    return entered
+
+
+def _said(log, monkeypatch) -> list[str]:
+    """What `log` says at INFO from now on, recorded into the list returned."""
+    import logging
+
+    said, handler = [], logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())
-    log.addHandler(handler)
+    monkeypatch.setattr(log, "handlers", [*log.handlers, handler])
     monkeypatch.setattr(log, "level", logging.INFO)
-    try:
-        with frugal.spilling(tmp_path) as spiller:
-            assert spiller is None and not hasattr(_emitter, "bytes")  # nothing of ExecuTorch's replaced
-        lower.export_program("draft", target, draft, config, tmp_path / "plain")
-    finally:
-        log.removeHandler(handler)
-    version = __import__("importlib.metadata").metadata.version("executorch")
-    assert said == [f"executorch {version} is not 0.0.0, whose internals frugal export replaces: serializing as "
-                    "ExecuTorch does (more memory for large models)"] * 2
-    assert (tmp_path / "frugal" / "draft.pte").read_bytes() == (tmp_path / "plain" / "draft.pte").read_bytes()
+    return said
 
 
 def _mlx_repacked_files(monkeypatch) -> list:

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from dflash_et.checkpoints import builtin
 from dflash_et.checkpoints.load import load_target, model_args
 from dflash_et.errors import ExportError, ProgramError
-from dflash_et.export.lower import ExportConfig, export_program
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.lower import export_program
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
 from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.generate import generate_ar, generate_dflash
@@ -223,9 +224,9 @@ def test_cpp_runner_runs_hybrid_programs(hybrid_programs, runner):
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_the_eager_twin_of_a_half_precision_export_keeps_the_state_in_float32(tmp_path, dtype):
-    """validate's eager twin is loaded by export's own code (lower.load_models): half-precision weights, the Gated
+    """validate's eager twin is loaded by export's own code (loading.load_models): half-precision weights, the Gated
     DeltaNet state in float32 as in the program (casting the whole fp32 model to half made it half, and it failed)."""
-    from dflash_et.export.lower import load_models
+    from dflash_et.export.loading import load_models
 
     target_dir = random_checkpoint(tmp_path / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
     builtin.build_tokenizer().save_pretrained(target_dir)

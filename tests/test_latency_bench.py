@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from dflash_et.checkpoints import builtin
-from dflash_et.export.lower import ExportConfig, export_program
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.lower import export_program
 from dflash_et.runtime.programs import DraftProgram, TargetProgram
 
 

@@ -11,7 +11,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from dflash_et.data.chat import encode_chat, tokenizer
-from dflash_et.export.lower import ExportConfig
+from dflash_et.export.config import ExportConfig
 from dflash_et.errors import ExportError, ProgramError
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD
 from dflash_et.evaluate.bench import BenchConfig, run_bench

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dflash_et.errors import ExportError, UserError
-from dflash_et.export.lower import ExportConfig
+from dflash_et.export.config import ExportConfig
 from dflash_et.params import parse
 from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.evaluate.peers import PeerConfig

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.export.lower import ExportConfig, load_models
+from dflash_et.export.config import ExportConfig
+from dflash_et.export.loading import load_models
 from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner
 from dflash_et.runtime.cost_curve import measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash, unread

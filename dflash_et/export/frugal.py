@@ -2,29 +2,24 @@
 
 ExecuTorch's emitter copies every constant into a `bytes` (`bytes(ctypes array)` in `_tensor_spec_to_evalue`),
 and its serializer deep-copies the program with them: two more copies of the weights, resident at once, over the
-model itself. Under `spilling`, a constant whose memory is a file's mapping (a safetensors checkpoint read in its
-own dtype is mmapped, and torch.export never reads its pages) becomes a range of that file, read later with
-`pread` (the page cache, not this process's resident set); any other constant (converted weights, RoPE tables,
-caches) is written once to a spool file and becomes a range of that. ExecuTorch's `Cord` writes `FileBackedData`
-pieces by streaming them, so the program written is byte for byte the same.
+model itself. Under `upstream_patches.spilling`, a constant whose memory is a file's mapping (a safetensors
+checkpoint read in its own dtype is mmapped, and torch.export never reads its pages) becomes a range of that file,
+read later with `pread` (the page cache, not this process's resident set); any other constant (converted weights,
+RoPE tables, caches) is written once to a spool file and becomes a range of that. ExecuTorch's `Cord` writes
+`FileBackedData` pieces by streaming them, so the program written is byte for byte the same.
 
 A quantized export makes new weights (torchao's int8-held int values and scales, a converted embedding) and
 XNNPACK packs them once more: `Spiller.kept` moves a module's new weights to the spool as they are made, mapped back
 read-only (page cache, not anonymous memory), and drops the pages that reading the old ones made resident (RssFile
-counts in VmHWM); under `spilling`, the delegates' constants (XNNPACK's packed bytes, MLX's tensors) become file
-ranges too. MLX's builder repacks every quantized weight into new constants (`make_or_get_constant`: int4 values
-packed into uint32, biases) and holds them all until it serializes the graph: `spilling(mlx=True)` moves each to the
-spool as it is made.
+counts in VmHWM); the delegates' constants (XNNPACK's packed bytes, MLX's tensors) become file ranges too, and
+MLX's repacked weights go to the spool as they are made. This module is the spool; what hooks it into ExecuTorch
+(its private internals, replaced for one release) is `upstream_patches`.
 """
 
-import builtins
 import ctypes
 import hashlib
-import importlib.metadata
-import logging
 import mmap
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,15 +28,26 @@ from pathlib import Path
 import torch
 from executorch.exir._serialize._cord import FileBackedData
 
+from dflash_et.checkpoints.load import weight_files
 from dflash_et.resident import Mappings, drop
 
 CHUNK = 1 << 24
-# The ExecuTorch release whose private internals `spilling` replaces (the emitter's `bytes` and `hashlib`, the named
-# data store's `_tensor_to_bytes`, XNNPACK's `convert_to_qc4w`, MLX's builder and packers, and torch's storage and
-# Parameter `__deepcopy__` while it lowers). Under any other, `spilling` patches nothing: the program is the same,
-# its export takes the memory ExecuTorch's own serializer takes (docs/measurements.md#export-memory).
-PATCHED_FOR = "1.5.1"
 ALIGN = 64  # of each tensor kept in the spool: any dtype's view of it is aligned
+SPILL_FROM_BYTES = 1 << 30  # of checkpoint weights: `pays` says why
+
+
+def pays(target_dir: Path, draft_dir: Path) -> bool:
+    """Whether an export of this pair should spill: its checkpoints' weights are SPILL_FROM_BYTES (1 GiB) or more.
+
+    Without spilling, ExecuTorch's serializer peaks at about 2.5x the program's size, more where the export makes
+    new weights (docs/measurements.md, "Export memory": 13.68 GiB for a 5.69 GB fp32 program; the worst measured,
+    8da4w from a bf16 checkpoint, 11.9 bytes per parameter). Under 1 GiB of bf16 weights (0.5B parameters) that is
+    at most about 6 GiB, which a build host has, while spilling still costs a spool file written and read back and
+    ExecuTorch's internals replaced (`upstream_patches`); above it the copies decide whether an export fits at all
+    (a 31B's bf16 weights are 62 GB). The checkpoints' size, not the free memory: the same pair exports the same
+    way on every host, and the program is byte for byte the same either way.
+    """
+    return sum(f.stat().st_size for d in (target_dir, draft_dir) for f in weight_files(d)) >= SPILL_FROM_BYTES
 
 
 class FileRange(FileBackedData):
@@ -84,16 +90,6 @@ class FileRange(FileBackedData):
         return self
 
 
-class _Digest:
-    """What the emitter does with a constant's `hashlib.sha256`: `hexdigest()`."""
-
-    def __init__(self, digest: bytes) -> None:
-        self.digest = digest
-
-    def hexdigest(self) -> str:
-        return self.digest.hex()
-
-
 class Spiller:
     """Turns the emitter's constants into `FileRange`s: of the file they are mapped from, or of `spool`."""
 
@@ -107,6 +103,18 @@ class Spiller:
 
     def close(self) -> None:
         os.close(self.fd)
+
+    def in_memory(self, t: torch.Tensor) -> bool:
+        """A tensor worth a place in the spool: in anonymous memory (loaded, not a file's mapping), contiguous, at
+        least ALIGN bytes."""
+        return (not t.is_meta and t.is_contiguous() and t.nbytes >= ALIGN
+                and self._mapped(t.data_ptr(), t.nbytes) is None)
+
+    @staticmethod
+    def large(tensor: torch.Tensor) -> bool:
+        """A 2-D weight over one CHUNK: packed (int4, two to a byte or eight to a uint32) a block of rows at a time
+        (`by_blocks`), not with whole-size temporaries."""
+        return tensor.dim() == 2 and tensor.nbytes > CHUNK
 
     def _mapped(self, address: int, size: int) -> tuple[str, int] | None:
         """The file and offset `address`..+size is mapped from (None: anonymous memory)."""
@@ -142,8 +150,7 @@ class Spiller:
         self.maps = None  # loading mapped and unmapped checkpoint shards since
         before = _tensors(module)
         yield
-        self.keep([t for t in _tensors(module) if not t.is_meta and t.is_contiguous() and t.nbytes >= ALIGN
-                    and self._mapped(t.data_ptr(), t.nbytes) is None])  # meta: a weight not loaded yet
+        self.keep([t for t in _tensors(module) if self.in_memory(t)])  # meta: a weight not loaded yet
         self.release(before)
 
     def keep(self, tensors: list[torch.Tensor]) -> None:
@@ -202,18 +209,6 @@ class Spiller:
                 drop(t, maps)
 
 
-def _mlx_builder() -> tuple[type, tuple]:
-    """MLX's program builder, and the modules that call its `to_mlx_qparams` (each imported it by name)."""
-    from dflash_et.models.mlx_ops import ensure_mlx_backend
-
-    ensure_mlx_backend()
-    from executorch.backends.mlx import ops, patterns
-    from executorch.backends.mlx.builder import op_helpers
-    from executorch.backends.mlx.builder.program_builder import MLXProgramBuilder
-
-    return MLXProgramBuilder, (op_helpers, ops, patterns)
-
-
 def _read_only(mapping: mmap.mmap, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
     with warnings.catch_warnings():  # read-only on purpose: a write to a weight would be a bug, and crashes
         warnings.simplefilter("ignore")
@@ -230,106 +225,3 @@ def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
         else:
             out[id(t)] = t
     return list(out.values())
-
-
-@contextmanager
-def spilling(directory: Path | None = None, mlx: bool = False):
-    """Within it, ExecuTorch's emitter (`to_executorch`) and the XNNPACK and MLX delegates keep constants as file
-    ranges, spooling those that no file holds under `directory` (default: the temp dir); the spool lives until
-    the context ends, so load (`Spiller.kept`), lower and write the program inside it. `mlx`: a program lowered to
-    MLX, whose builder's repacked weights go to the spool as they are made (importing its builder generates the
-    MLX backend's serialization files once, so other backends leave it alone). It yields None, and patches
-    nothing, under an ExecuTorch release other than PATCHED_FOR (one logged line)."""
-    installed = importlib.metadata.version("executorch")
-    if installed != PATCHED_FOR:
-        logging.getLogger(__name__).info(f"executorch {installed} is not {PATCHED_FOR}, whose internals frugal export "
-                                         "replaces: serializing as ExecuTorch does (more memory for large models)")
-        yield None
-        return
-    from executorch.backends.xnnpack.operators import node_visitor
-    from executorch.exir._serialize import _named_data_store
-    from executorch.exir.emit import _emitter
-
-    handle, name = tempfile.mkstemp(prefix="dflash-spool-", suffix=".bin", dir=directory)
-    os.close(handle)
-    spiller = Spiller(Path(name))
-
-    def to_bytes(data=b"", *args):
-        if isinstance(data, ctypes.Array) and not args:
-            spilled = spiller.range_of(data)
-            spiller.release()  # what XNNPACK read of the weights to pack them
-            return spilled
-        return builtins.bytes(data, *args)
-
-    def tensor_to_bytes(tensor: torch.Tensor):  # MLX's constants
-        if not tensor.is_contiguous() or not tensor.nbytes:
-            return plain_tensor_to_bytes(tensor)
-        return spiller.range_of((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr()))
-
-    def sha256(data=b""):
-        return _Digest(data.sha256()) if isinstance(data, FileBackedData) else hashlib.sha256(data)
-
-    # XNNPACK packs int4 values two to a byte with whole-size temporaries (3x the int8-held weight): by blocks
-    plain_qc4w = node_visitor.NodeVisitor.convert_to_qc4w
-
-    def qc4w(tensor: torch.Tensor) -> torch.Tensor:
-        return spiller.by_blocks(tensor, plain_qc4w) if tensor.dim() == 2 and tensor.nbytes > CHUNK else \
-            plain_qc4w(tensor)
-
-    # lowering deep-copies programs, their weights too: those in the spool are read-only, so copies share them
-    copying = {cls: cls.__deepcopy__ for cls in (torch.UntypedStorage, torch.nn.Parameter)}
-
-    def deepcopy(data, memo: dict):
-        kind = torch.UntypedStorage if isinstance(data, torch.UntypedStorage) else torch.nn.Parameter
-        return data if spiller.holds(data if kind is torch.UntypedStorage else data.untyped_storage()) \
-            else copying[kind](data, memo)
-
-    builder, packers = _mlx_builder() if mlx else (None, ())
-    plain_constant = builder.make_or_get_constant if mlx else None
-    plain_qparams = packers[0].to_mlx_qparams if mlx else None
-
-    def make_or_get_constant(self, name: str, tensor: torch.Tensor):
-        new = name not in self.extra_constants
-        slot = plain_constant(self, name, tensor)
-        if new and type(tensor) is torch.Tensor and tensor.is_contiguous() and tensor.nbytes >= ALIGN \
-                and spiller._mapped(tensor.data_ptr(), tensor.nbytes) is None:  # not fake, not in the spool yet
-            spiller.keep([tensor])
-            spiller.release()  # what repacking read of the quantized weights (themselves in the spool)
-        return slot
-
-    # MLX packs int4 values eight to a uint32 with whole-size temporaries (3x the int8-held weight): by blocks
-    def mlx_qparams(qdata: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, bits: int,
-                    compute_biases: bool = True, prepacked: bool = False):
-        if prepacked or qdata.dim() != 2 or qdata.nbytes <= CHUNK:
-            return plain_qparams(qdata, scale, zero_point, bits, compute_biases, prepacked)
-        packed = spiller.by_blocks(qdata, lambda rows: plain_qparams(rows, scale, zero_point, bits, False)[0])
-        return packed, plain_qparams(qdata[:1], scale, zero_point, bits, compute_biases)[1]  # biases: scales' alone
-
-    shim = type("hashlib", (), {"sha256": staticmethod(sha256)})
-    plain_tensor_to_bytes = _named_data_store._tensor_to_bytes
-    for module in (_emitter, node_visitor):
-        module.bytes, module.hashlib = to_bytes, shim
-    _named_data_store._tensor_to_bytes = tensor_to_bytes
-    node_visitor.NodeVisitor.convert_to_qc4w = staticmethod(qc4w)
-    for cls in copying:
-        cls.__deepcopy__ = deepcopy
-    if mlx:
-        builder.make_or_get_constant = make_or_get_constant
-        for module in packers:
-            module.to_mlx_qparams = mlx_qparams
-    try:
-        yield spiller
-    finally:
-        for module in (_emitter, node_visitor):
-            del module.bytes
-            module.hashlib = hashlib
-        _named_data_store._tensor_to_bytes = plain_tensor_to_bytes
-        node_visitor.NodeVisitor.convert_to_qc4w = staticmethod(plain_qc4w)
-        for cls, plain in copying.items():
-            cls.__deepcopy__ = plain
-        if mlx:
-            builder.make_or_get_constant = plain_constant
-            for module in packers:
-                module.to_mlx_qparams = plain_qparams
-        spiller.close()
-        os.unlink(name)

@@ -1,261 +1,42 @@
-"""Lowering the eager target and draft to ExecuTorch programs.
+"""Lowering the eager target and draft to ExecuTorch programs, and `export_program`, the export stage's one call.
 
-Each program carries its own metadata as constant methods (dflash_et.metadata), so a
-runner needs nothing but the files. Shapes are dynamic: the target takes 1..max(prefill chunk,
-max block) tokens per call, the draft blocks of 2..max block and 1..max_seq_len-2 new context taps (a
-draft with a context window: fewer than its window).
-`export.layout` pair writes target.pte and draft.pte; single writes one target.pte that holds the
-draft's method too, as upstream's DFlash example does, storing the weights they share once.
+Each program carries its own metadata as constant methods (export.records), so a runner needs nothing but the
+files. Shapes are dynamic: the target takes 1..max(prefill chunk, max block) tokens per call, the draft blocks of
+2..max block and 1..max_seq_len-2 new context taps (a draft with a context window: fewer than its window).
+`export.layout` pair writes target.pte and draft.pte; single writes one target.pte that holds the draft's method
+too, as upstream's DFlash example does, storing the weights they share once.
 """
 
-import copy
 import logging
-import resource
-import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
-from functools import partial
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch.export import Dim, export
 
-from dflash_et.checkpoints.load import (bos_id, build_target, checkpoint_id, eos_ids, load_config,
-                                       recommended_sampling)
-from dflash_et.checkpoints.pair import load_pair
-from dflash_et.checkpoints.zlab import BORROWED, DraftSettings, draft_settings
-from dflash_et.data.chat import tokenizer
-from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts
+from dflash_et.checkpoints.load import build_target, load_config
+from dflash_et.checkpoints.zlab import BORROWED, draft_settings
 from dflash_et.errors import ExportError
-from dflash_et.export import by_rows
-from dflash_et.export.frugal import Spiller, spilling
+from dflash_et.export import frugal
+from dflash_et.export.accounting import linear_weights, peak_memory
+from dflash_et.export.config import LAYOUTS, PROGRAM_KINDS, ExportConfig
+from dflash_et.export.loading import Loading, load_models
+from dflash_et.export.records import metadata, recurrent
+from dflash_et.export.upstream_patches import spilling
 from dflash_et.files import write_json
-from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, merged, method_name
-from dflash_et.models.block import ModelArgs
-from dflash_et.models.deltanet import DeltaNetSpec
-from dflash_et.models.draft import Draft, reduce_head
+from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, method_name
+from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
 from dflash_et.models.target import Target
-from dflash_et.params import parse
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("xnnpack", "portable", "mlx")
-OPS_OF_BACKEND = {"xnnpack": "llama", "portable": "llama", "mlx": "mlx"}  # models.attention.CACHE_OF_OPS
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """One `export.quantize` recipe: which backend's kernels run it, and the torchao weights it makes."""
-
-    backend: str
-    weight_dtype: torch.dtype
-    dynamic_activations: bool  # int8 dynamic activations on Linears (XNNPACK); else weight-only, embedding too
-    kernels: str               # what runs it, for the error that refuses another backend
-
-
-QUANTIZE: dict[str, Quantization | None] = {
-    "none": None,
-    "8da4w": Quantization("xnnpack", torch.int4, True, "its int8 dynamic-activation kernels"),
-    "8da8w": Quantization("xnnpack", torch.int8, True, "its int8 dynamic-activation kernels"),
-    # ExecuTorch's MLX LLM exports: int4 weight-only Linears and embedding (MLX's quantized matmul and
-    # gather; XNNPACK lowers weight-only configs but computes wrong outputs)
-    "4w": Quantization("mlx", torch.int4, False, "its int4 quantized matmul and gather kernels"),
-}
-MLX_GROUP_SIZES = (32, 64, 128)  # MLX's quantized kernels exist for these group sizes only
-# Sliding-window layers of the target: a ring buffer of window + max_call - 1 rows (llama ops; MLX keeps
-# full length), or a full-length cache under a window mask. Measured in docs/measurements.md: at long positions the
-# ring is faster, since the masked kernel attends over every row.
-SLIDING_CACHES = ("ring", "full")
-# The draft's head multiplies its whole vocabulary for every block position: at fp32 on XNNPACK most of a draft
-# call (tools.profile_calls). Its precision only moves the proposals, never what is accepted (the target decides).
-DRAFT_HEADS = ("same", "8da8w")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# What each export stage lowers, by layout: `single` is one program of all three methods (DFlash's two and
-# the stock `forward`); the stages a layout does not use write their summary alone (package skips them).
-PROGRAM_KINDS = ("target", "draft", "single")
-LAYOUTS = {"pair": ("target", "draft"), "single": ("single",)}
 WEIGHTS_TAG = "weights"  # with export.shared_weights, the weights both programs use go to <kind>.ptd
 # lifted parameter names of the borrowed modules (`p_lm_head_weight`, or quantized and unwrapped,
 # `p_lm_head_parametrizations_weight_original0..2`)
 SHARED_PREFIXES = tuple("p_" + name.removesuffix("weight").replace(".", "_") for name in BORROWED)
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    """The `export` section of params.yaml."""
-
-    backend: str = "xnnpack"
-    dtype: str = "fp32"
-    quantize: str = "none"
-    group_size: int = 32
-    max_seq_len: int = 512
-    prefill_chunk: int = 64
-    max_block_size: int | None = None
-    shared_weights: bool = False
-    sliding_cache: str = "ring"  # ring | full: how sliding-window layers (target, windowed draft) cache K/V
-    draft_head: str = "same"     # same | 8da8w: the draft's head at the program's precision, or int8 (see quantize)
-    draft_vocab: str | int = "full"  # full | N: the draft's head over the N tokens its target emits most (data.emitted)
-    stock_forward: bool = True   # target.pte also has `forward` (logits alone) for ExecuTorch's stock runners (lower)
-    layout: str = "pair"         # pair | single: target.pte + draft.pte, or one target.pte with the draft's method
-
-    @classmethod
-    def from_params(cls, params: dict) -> "ExportConfig":
-        """The section (export.gguf, the package stage's, left out), checked."""
-        config = parse(cls, params, "export", error=ExportError)
-        config.check()
-        return config
-
-    def check(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ExportError(f"export.backend={self.backend!r} does not exist; use one of {', '.join(BACKENDS)}")
-        if self.quantize not in QUANTIZE:
-            hint = (" (torchao's weight-only configs lower to XNNPACK but compute wrong outputs; with mlx use 4w)"
-                    if "w" in self.quantize and "da" not in self.quantize else "")
-            raise ExportError(f"export.quantize={self.quantize!r} is not supported{hint}; "
-                              f"use one of {', '.join(QUANTIZE)}")
-        q = QUANTIZE[self.quantize]
-        if q is not None and q.backend != self.backend:
-            fits = [name for name, other in QUANTIZE.items() if other is None or other.backend == self.backend]
-            raise ExportError(f"export.quantize={self.quantize} needs the {q.backend} backend ({q.kernels}); set "
-                              f"export.backend={q.backend}, or for {self.backend} export.quantize={' | '.join(fits)}")
-        if self.dtype not in DTYPES:
-            raise ExportError(f"export.dtype={self.dtype!r} does not exist; use one of {', '.join(DTYPES)}")
-        if q is not None and q.dynamic_activations and self.dtype != "fp32":
-            raise ExportError(f"export.quantize={self.quantize} computes in fp32 around its int8/int4 kernels; "
-                              f"set export.dtype=fp32 (not {self.dtype})")
-        if q is not None and q.backend == "mlx" and self.group_size not in MLX_GROUP_SIZES:
-            raise ExportError(f"export.group_size={self.group_size}: MLX's quantized kernels take groups of "
-                              f"{', '.join(map(str, MLX_GROUP_SIZES))}; set one of them")
-        if self.shared_weights and self.backend == "mlx":  # its preprocess stores every constant in the .pte
-            raise ExportError("export.shared_weights needs the xnnpack backend: the mlx delegate keeps every weight "
-                              "inside its .pte; set export.shared_weights=false")
-        if self.sliding_cache not in SLIDING_CACHES:
-            raise ExportError(f"export.sliding_cache={self.sliding_cache!r} does not exist; use one of "
-                              f"{', '.join(SLIDING_CACHES)}")
-        if self.draft_head not in DRAFT_HEADS:
-            raise ExportError(f"export.draft_head={self.draft_head!r} does not exist; use one of {', '.join(DRAFT_HEADS)}")
-        if self.draft_head != "same" and (self.backend != "xnnpack" or self.dtype != "fp32" or self.shared_weights):
-            raise ExportError(f"export.draft_head={self.draft_head} runs on XNNPACK's int8 dynamic-activation kernels in "
-                              "an fp32 program and keeps its own head (shared.ptd cannot share it): set export.backend="
-                              "xnnpack, export.dtype=fp32 and export.shared_weights=false, or export.draft_head=same")
-        if self.draft_vocab != "full" and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 1):
-            raise ExportError(f"export.draft_vocab={self.draft_vocab!r} must be full or a number of tokens (8192)")
-        if self.draft_vocab != "full" and self.shared_weights:
-            raise ExportError("export.draft_vocab gives the draft a head of its own, which shared.ptd cannot share with "
-                              "the target's: set export.shared_weights=false, or export.draft_vocab=full")
-        if self.layout not in LAYOUTS:
-            raise ExportError(f"export.layout={self.layout!r} does not exist; use one of {', '.join(LAYOUTS)}")
-        if self.layout == "single" and self.shared_weights:
-            raise ExportError("export.shared_weights stores the weights two programs share in shared.ptd; the single "
-                              "layout's one program stores them once by itself: set export.shared_weights=false")
-        if self.group_size < 1 or self.max_seq_len < 4 or self.prefill_chunk < 1:
-            raise ExportError("export.group_size, export.prefill_chunk must be >= 1 and export.max_seq_len >= 4")
-
-
-def quantize(model: torch.nn.Module, config: ExportConfig) -> None:
-    """Quantize `model` in place with torchao, as `export.quantize` and (for a draft) `export.draft_head` say
-    (`load_models` applies it, for the export and for validate's eager twin of it alike).
-
-    XNNPACK (8da4w, 8da8w): int8 dynamic activations with int4 grouped / int8 per-channel weights on every
-    Linear. MLX (4w): ExecuTorch's MLX LLM recipe (executorch/extension/llm/export/quantize.py `4w`, with
-    backends/mlx/examples/llm/dflash/export.py quantizing Linears and the embedding alike): int4 weight-only,
-    grouped, HQQ scales, on every Linear and the embedding, which MLX lowers to its quantized matmul and
-    gather. A head tied to the embedding is tied again afterwards (as that recipe does), so it stays one tensor.
-    Either quantizes a block of rows at a time (export.by_rows): the same values, without fp32 copies of the
-    whole head.
-    """
-    if config.draft_head != "same" and isinstance(model, Draft):
-        _int8_head(model)
-    q = QUANTIZE[config.quantize]
-    if q is None:
-        return
-    from torchao.quantization import quantize_
-    from torchao.quantization.granularity import PerAxis, PerGroup
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
-
-    grouped = q.weight_dtype == torch.int4
-    granularity = PerGroup(config.group_size) if grouped else PerAxis(0)
-
-    def to_quantize(module: torch.nn.Module, kinds: tuple[type, ...]) -> bool:
-        """A module the recipe quantizes: of `kinds`, not done yet, and rows of whole groups (a DFlash2 draft's
-        low-rank selector can have rows shorter than a group: they stay as they are, a few KB)."""
-        return (isinstance(module, kinds) and not _quantized(module)
-                and (not grouped or module.weight.shape[-1] % config.group_size == 0))
-
-    if q.dynamic_activations:
-        recipe = Int8DynamicActivationIntxWeightConfig(weight_dtype=q.weight_dtype, weight_granularity=granularity)
-        for linear in [m for m in model.modules() if to_quantize(m, (torch.nn.Linear,))]:
-            by_rows.quantize_affine(linear, recipe)
-        return
-    tied = hasattr(model, "lm_head") and model.lm_head.weight is model.embed_tokens.weight
-    recipe = IntxWeightOnlyConfig(weight_dtype=q.weight_dtype, granularity=granularity,
-                                  intx_choose_qparams_algorithm="hqq_scale_only")
-    head = model.lm_head if tied else None  # quantized once, as the embedding
-    with by_rows.hqq():
-        quantize_(model, recipe, filter_fn=lambda module, _: module is not head
-                  and to_quantize(module, (torch.nn.Linear, torch.nn.Embedding)))
-    if tied:
-        model.lm_head.weight = model.embed_tokens.weight
-
-
-def _int8_head(draft: Draft) -> None:
-    """export.draft_head=8da8w: the draft's head alone with int8 per-row weights and int8 dynamic activations
-    (its own copy: the target's head, and a tied embedding, stay as they are)."""
-    from torchao.quantization.granularity import PerAxis
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
-
-    head = draft.lm_head = copy.deepcopy(draft.lm_head)  # the target's, borrowed: in one program with it (single)
-    if not _quantized(head):
-        by_rows.quantize_affine(head, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8,
-                                                                            weight_granularity=PerAxis(0)))
-
-
-def _quantized(module: torch.nn.Module) -> bool:
-    """Already quantized (export quantizes each layer as it loads, then the rest), or not loaded at all."""
-    from torchao.utils import TorchAOBaseTensor
-
-    return isinstance(module.weight, TorchAOBaseTensor) or module.weight.is_meta
-
-
-def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq_len: int, ops: str = "torch",
-                quantized: tuple[str, ...] = ("target", "draft"), spiller: Spiller | None = None,
-                **load) -> tuple[Target, Draft, DraftSettings]:
-    """The target and the draft as programs of `config` hold them: weights read in its dtype and quantized by its
-    recipe (`quantize`), each decoder layer as it loads, then the rest of the models named in `quantized` (the
-    program's own); with a `spiller` (export), the weights each step makes go to its spool (frugal.Spiller.kept),
-    and those outside the decoder layers are converted into it (frugal.Spiller.converted).
-    `ops` is the op set: the backend's to export, `torch` for the eager twin validate compares the programs
-    with; `load` as checkpoints.pair.load_pair takes it."""
-    prepare = partial(_prepare, config=config, spiller=spiller)
-    convert = None if spiller is None else spiller.converted
-    target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, ops, DTYPES[config.dtype], prepare,
-                                        convert=convert, **load)
-    if config.draft_vocab != "full":
-        reduce_head(draft, _draft_vocab(target_dir, draft_dir, config.draft_vocab, draft.args.vocab_size))
-    for name, model in (("target", target), ("draft", draft)):
-        if name in quantized:
-            prepare(model)  # what is not in a decoder layer: the head, the embedding, the draft's fc
-    return target, draft, settings
-
-
-def _draft_vocab(target_dir: Path, draft_dir: Path, size: int, vocab_size: int) -> list[int]:
-    """export.draft_vocab: the ids the draft's head keeps (data.emitted), every special and end-of-turn token among them."""
-    tok = tokenizer(target_dir)
-    always = {t for t in {*eos_ids(target_dir), *tok.all_special_ids, *tok.added_tokens_decoder} if t < vocab_size}
-    counts = read_counts(draft_dir)
-    ids = kept_ids(counts, size, vocab_size, always)
-    share = coverage(counts, ids)
-    logger.info(f"draft head: {size} of {vocab_size} tokens, " + (
-        f"{share:.2%} of the {sum(counts.values())} its target emitted in the draft's training replies" if counts else
-        f"the lowest ids ({draft_dir} has no {TOKEN_COUNTS}: a draft not trained here)"))
-    return ids
-
-
-def _prepare(module: torch.nn.Module, config: ExportConfig, spiller: Spiller | None) -> None:
-    with nullcontext() if spiller is None else spiller.kept(module):
-        quantize(module, config)
 
 
 def example_inputs(model: Target | Draft, config: ExportConfig, max_block: int):
@@ -381,40 +162,6 @@ def _weight_tag(node: torch.fx.Node) -> str | None:
     return WEIGHTS_TAG if node.name.startswith(SHARED_PREFIXES) else None
 
 
-def metadata(kind: str, args: ModelArgs, config: ExportConfig, target_dir: Path, draft_dir: Path,
-             max_block: int, settings: DraftSettings, context_window: int | None = None,
-             vocab_ids: tuple[int, ...] | None = None) -> dict:
-    """Everything a runner must know, inside the program itself: the constant methods of the records of
-    the methods a program of `kind` holds (dflash_et.metadata); `context_window` and `vocab_ids` are the
-    draft's (models.draft).
-
-    Each carries the fingerprint of the checkpoint it was made from; the draft also carries its target's
-    and the layers it reads, so a mismatched pair is caught when loading. A hybrid target (only) says
-    `recurrent_state` and `verify_rows`: its calls must go forward (start at 0, or within the previous
-    call), and one kept in part keeps at most its first `verify_rows` tokens, as every decode loop does
-    (models.deltanet).
-    """
-    common = {"max_context_len": config.max_seq_len, "vocab_size": args.vocab_size,
-              "target_layer_ids": tuple(settings.target_layer_ids), "uses_llama_custom_ops": config.backend != "mlx"}
-    records = []
-    if kind != "draft":
-        hybrid = {"recurrent_state": True, "verify_rows": max_block} if recurrent(args) else {}
-        records.append(TargetMeta(**common, **recommended_sampling(target_dir), **hybrid,
-                                  max_seq_len=max(config.prefill_chunk, max_block), eos_ids=tuple(eos_ids(target_dir)),
-                                  bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir)))
-    if kind != "target":
-        records.append(DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
-                                 draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir),
-                                 context_window=context_window, vocab_ids=vocab_ids,
-                                 selector_top_k=settings.selector[1] if settings.selector else None))
-    return merged(*records)
-
-
-def recurrent(args: ModelArgs) -> bool:
-    """Whether a target has Gated DeltaNet layers (a hybrid model), whose state only goes forward."""
-    return any(isinstance(spec, DeltaNetSpec) for spec in args.layers)
-
-
 def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportConfig, out_dir: Path,
                    memory_report: Path | None = None) -> dict:
     """Write the program of `kind` (`PROGRAM_KINDS`; single: target.pte with the draft's method too) and
@@ -427,45 +174,29 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     it varies run to run, and package, validate and bench read export.json.
     """
     config.check()
+    if kind not in PROGRAM_KINDS:
+        raise ExportError(f"{kind!r} is not a program to export; use one of {', '.join(PROGRAM_KINDS)}")
     if kind not in LAYOUTS[config.layout]:
-        summary = {"program": None, "config": asdict(config)}
-        write_json(out_dir / "export.json", summary)
-        if memory_report is not None:
-            write_json(memory_report, {})
-        logger.info(f"{kind}: not a program of export.layout={config.layout}")
-        return summary
+        return _summary_alone(kind, config, out_dir, memory_report)
     t0 = time.perf_counter()
-    settings = draft_settings(load_config(draft_dir))
-    max_block = config.max_block_size or settings.block_size
-    if not 2 <= max_block <= config.max_seq_len - 2:
-        raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
-    # before loading: an MLX cache would fail to build for these layers (the target's modules on the meta device
-    # cost nothing, and give unsupported checkpoints their usual error)
-    if config.backend == "mlx" and recurrent(build_target(load_config(target_dir), [], 1, empty=True).args):
-        raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
-                          "portable only; set export.backend=xnnpack")
-    own = tuple(k for k in ("target", "draft") if kind in (k, "single"))
+    max_block = _max_block(target_dir, draft_dir, config)
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
     out_dir.mkdir(parents=True, exist_ok=True)
-    # weights and constants as file ranges, not copies (frugal); .ptd data (shared_weights) is left as it was
-    with nullcontext() if config.shared_weights else spilling(out_dir, config.backend == "mlx") as spiller:
-        target, draft, settings = load_models(target_dir, draft_dir, config, config.max_seq_len,
-                                              OPS_OF_BACKEND[config.backend], own, spiller,
-                                              target_only=BORROWED if kind == "draft" else None,
-                                              max_call=max(config.prefill_chunk, max_block), verify_call=max_block,
-                                              ring=config.sliding_cache == "ring" and config.backend != "mlx",
-                                              max_block=max_block)
-        models = {k: m for k, m in (("target", target), ("draft", draft)) if k in own}
-        vocab_ids = None if draft.vocab_ids is None else tuple(draft.vocab_ids.tolist())
-        meta = metadata(kind, target.args, config, target_dir, draft_dir, max_block, settings, draft.context_window,
-                        vocab_ids)
+    # weights and constants as file ranges, not copies, where that pays (frugal.pays); .ptd data (shared_weights)
+    # is left as it was
+    spills = not config.shared_weights and frugal.pays(target_dir, draft_dir)
+    with spilling(out_dir, config.backend == "mlx") if spills else nullcontext() as spiller:
+        loading = Loading.for_program(kind, config, max_block, spiller)
+        loaded = load_models(target_dir, draft_dir, config, config.max_seq_len, loading)
+        meta = metadata(kind, loaded, config, target_dir, draft_dir, max_block)
         logger.info(f"lowering {kind} to {config.backend} ({config.quantize}) ...")
-        program, ops = lower(methods(kind, target, draft, config), config, max_block, meta)
+        program, ops = lower(methods(kind, loaded[0], loaded[1], config), config, max_block, meta)
         with open(pte, "wb") as f:
             program.write_to_file(f)
     if config.shared_weights:
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
+    models = {k: m for k, m in zip(("target", "draft"), loaded) if k in loading.quantized}
     # no timings or memory in export.json: package, validate and bench depend on it, and must not rerun for them
     summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops,
                "linears": {k: linear_weights(m, config) for k, m in models.items()}, "config": asdict(config),
@@ -480,43 +211,25 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     return summary | {"memory": memory}
 
 
-def linear_weights(model: torch.nn.Module, config: ExportConfig) -> dict:
-    """What one call computes and streams per token, for a profile's roofline (tools.profile_calls): every
-    Linear (the borrowed head too) multiplies each token by its weight; the embedding is a row lookup.
-    `bytes` is the weights' size at the program's precision with their scales (int4: a bf16 scale per
-    group, as XNNPACK packs them; int8: a float per row), which every call reads once."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    q = QUANTIZE[config.quantize]
-    int8_head = model.lm_head if config.draft_head != "same" and isinstance(model, Draft) else None
-
-    def size(m: torch.nn.Linear) -> float:
-        w = m.weight
-        if m is int8_head or (q is not None and q.weight_dtype == torch.int8):
-            return w.numel() + 4 * w.shape[0]
-        if q is None:
-            return w.numel() * DTYPES[config.dtype].itemsize
-        return w.numel() * (0.5 + 2 / config.group_size)
-
-    return {"parameters": sum(m.weight.numel() for m in linears), "bytes": round(sum(map(size, linears)))}
+def _summary_alone(kind: str, config: ExportConfig, out_dir: Path, memory_report: Path | None) -> dict:
+    """What the export stage of a kind the layout does not use writes: its summary, no program."""
+    summary = {"program": None, "config": asdict(config)}
+    write_json(out_dir / "export.json", summary)
+    if memory_report is not None:
+        write_json(memory_report, {})
+    logger.info(f"{kind}: not a program of export.layout={config.layout}")
+    return summary
 
 
-def peak_memory(*models: torch.nn.Module) -> dict:
-    """This process's peak resident memory so far, and per parameter of the exported models (a tensor they
-    share counted once)."""
-    peak = vm_hwm()
-    parameters = sum(p.numel() for p in {id(p): p for m in models for p in m.parameters()}.values())
-    return {"peak_rss_bytes": peak, "parameters": parameters, "peak_bytes_per_parameter": round(peak / parameters, 3)}
-
-
-def vm_hwm(status: Path = Path("/proc/self/status")) -> int:
-    """This process's own peak resident set in bytes (`VmHWM`). Not `ru_maxrss`: Linux carries that over an
-    exec from the parent, so an export started by a bigger process (dvc, a test runner) reported the parent's
-    peak. Where there is no /proc (macOS), ru_maxrss is all there is (bytes there, KiB on Linux)."""
-    try:
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
+def _max_block(target_dir: Path, draft_dir: Path, config: ExportConfig) -> int:
+    """The longest block the programs take (export.max_block_size, else the draft's), checked with the backend
+    before anything loads."""
+    max_block = config.max_block_size or draft_settings(load_config(draft_dir)).block_size
+    if not 2 <= max_block <= config.max_seq_len - 2:
+        raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
+    # an MLX cache would fail to build for these layers (the target's modules on the meta device cost nothing, and
+    # give unsupported checkpoints their usual error)
+    if config.backend == "mlx" and recurrent(build_target(load_config(target_dir), [], 1, empty=True).args):
+        raise ExportError("export.backend=mlx: this hybrid target's Gated DeltaNet layers export for xnnpack or "
+                          "portable only; set export.backend=xnnpack")
+    return max_block

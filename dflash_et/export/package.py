@@ -54,7 +54,7 @@ def package(build_dirs: list[Path], out: Path, target_dir: Path) -> dict:
     tokenizer and chat template (ExecuTorch's LLM runners look for the tokenizer beside the program;
     `dflash generate` reads it there), the template's rendering of one user turn as ChatFormat.FILE (for
     dflash_runner --prompt; none where the template is not a fixed prefix and suffix around the message),
-    and export.json. `build_dirs` are named by their kind (lower.PROGRAM_KINDS); those of kinds the layout
+    and export.json. `build_dirs` are named by their kind (config.PROGRAM_KINDS); those of kinds the layout
     does not use hold a summary alone."""
     summaries = {d.name: json.loads((d / "export.json").read_text()) for d in build_dirs}
     configs = {kind: s["config"] for kind, s in summaries.items()}

@@ -193,6 +193,8 @@ class OracleLattice:
     """test_generate's OracleDraft as a DFlash2 draft: each position's candidates are the oracle's token (mostly
     the target's continuation) and two others, the pairwise scores small noise: the path follows the oracle."""
 
+    returns_lattice = True
+
     def __init__(self, oracle):
         self.oracle, self.g = oracle, torch.Generator().manual_seed(5)
 
@@ -320,11 +322,11 @@ def test_a_new_dflash2_draft_starts_as_its_dflash_draft(pair, tmp_path):
 
 
 def test_training_rows_are_scored_after_their_true_predecessor_and_the_loss_adds_the_selectors(pair):
-    """pack's `before`: the anchor for the first proposal row, then the target's own tokens; batch_loss adds the
+    """pack's `before`: the anchor for the first proposal row, then the target's own tokens; draft_loss adds the
     selector's cross-entropy over each row's candidates (rows whose label is not a candidate add nothing)."""
     import torch.nn.functional as F
 
-    from dflash_et.training.blocks import batch_loss, pack
+    from dflash_et.training.blocks import draft_loss, pack
     from dflash_et.training.data import Sequence
     from dflash_et.training.train import TrainConfig, new_draft
 
@@ -346,15 +348,15 @@ def test_training_rows_are_scored_after_their_true_predecessor_and_the_loss_adds
                 assert batch.before[r * 6 + j] == tokens[a + j - 1]
     rows = batch.weights.nonzero().squeeze(1)
     with torch.no_grad():
-        logits, candidates, scores = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask,
-                                           rows, batch.before[rows])
+        hidden, logits = draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows)
+        candidates, scores = draft.candidate_selector.teacher_forced(hidden[0], logits[0], batch.before[rows])
         labels, weights = batch.labels[rows], batch.weights[rows]
         token = (F.cross_entropy(logits[0], labels, reduction="none") * weights).sum()
         selector = sum(float(w) * -float(torch.log_softmax(s, -1)[c.tolist().index(int(y))])
                        for s, c, y, w in zip(scores, candidates, labels, weights) if int(y) in c.tolist())
         hits = sum(int(y) in c.tolist() for c, y in zip(candidates, labels))
         assert 0 < hits < len(labels) and selector > 0
-        torch.testing.assert_close(batch_loss(draft, batch), (token + selector) / weights.sum())
+        torch.testing.assert_close(draft_loss(draft)(batch), (token + selector) / weights.sum())
 
 
 def test_a_trained_dflash2_draft_accepts_more_and_is_saved_in_zlabs_layout(trained_pair, tmp_path):

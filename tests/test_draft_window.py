@@ -155,10 +155,12 @@ def test_training_with_a_window_sees_only_the_window(windowed):
     seq = Sequence(torch.randint(0, 300, (40,), generator=g), torch.randn(39, width, generator=g), 10)
     anchor = torch.tensor([30])
     batch = pack([seq], [anchor], BLOCK, settings.mask_token_id, 7.0)
+    every_row = torch.arange(batch.tokens.shape[1])
 
     def logits(taps):
         with torch.no_grad():
-            return draft(batch.tokens, taps[batch.ctx_pos][None], batch.ctx_pos, batch.block_pos, batch.mask)
+            return draft.packed(batch.tokens, taps[batch.ctx_pos][None], batch.ctx_pos, batch.block_pos, batch.mask,
+                                every_row)[1]
 
     base = logits(seq.taps)
     old, inside = seq.taps.clone(), seq.taps.clone()
@@ -169,7 +171,7 @@ def test_training_with_a_window_sees_only_the_window(windowed):
 
 
 def test_training_packs_only_the_taps_a_window_reads_and_the_loss_is_the_same(windowed):
-    from dflash_et.training.blocks import batch_loss, pack
+    from dflash_et.training.blocks import draft_loss, pack
     from dflash_et.training.data import Sequence
 
     target, draft, settings = load_pair(*windowed, max_seq_len=96)
@@ -183,7 +185,7 @@ def test_training_packs_only_the_taps_a_window_reads_and_the_loss_is_the_same(wi
     assert trimmed.ctx_pos.tolist() == [*range(50 - WINDOW + 1, 70), *range(20 - WINDOW + 1, 30)]
     assert whole.ctx_pos.tolist() == [*range(70), *range(30)]  # no window: all before the last anchor
     with torch.no_grad():
-        torch.testing.assert_close(batch_loss(draft, trimmed), batch_loss(draft, whole))
+        torch.testing.assert_close(draft_loss(draft)(trimmed), draft_loss(draft)(whole))
 
 
 def test_train_draft_writes_the_window_into_the_draft(tmp_path, windowed):

@@ -14,7 +14,7 @@ from dflash_et.checkpoints.check import check_pair
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.errors import CheckpointError
-from dflash_et.training.blocks import batch_loss, loss_weights, pack
+from dflash_et.training.blocks import draft_loss, loss_weights, pack
 from dflash_et.training.data import Sequence
 from dflash_et.training.train import TrainConfig, new_draft, train_draft
 from tests.conftest import validate_config
@@ -66,13 +66,14 @@ def test_rows_past_the_end_of_a_sequence_carry_no_loss(setup):
 
 
 def test_training_call_is_the_inference_draft_one_anchor_at_a_time(setup):
-    """One `Draft.forward`: the packed, masked training call equals the cached inference call per anchor."""
+    """One `Draft`: the packed, masked training call (`packed`) equals the cached inference call per anchor."""
     _, draft, mask_id, seqs = setup
     anchors = [torch.tensor([5, 11, 30]), torch.tensor([8, 20])]
     batch = pack(seqs, anchors, BLOCK, mask_id, gamma=7.0)
     with torch.no_grad():
-        packed = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask)[0].view(-1, BLOCK,
-                                                                                                        draft.args.vocab_size)
+        every_row = torch.arange(batch.tokens.shape[1])
+        packed = draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask,
+                              every_row)[1][0].view(-1, BLOCK, draft.args.vocab_size)
         rows = [(s, a) for s, a_s in enumerate(anchors) for a in a_s.tolist()]
         for i, (s, a) in enumerate(rows):
             block = torch.tensor([[int(seqs[s].tokens[a])] + [mask_id] * (BLOCK - 1)])
@@ -84,12 +85,12 @@ def test_a_block_never_sees_taps_at_or_after_its_anchor(setup):
     _, draft, mask_id, seqs = setup
     anchors = [torch.tensor([12, 25])]
     with torch.no_grad():
-        before = batch_loss(draft, pack(seqs[:1], anchors, BLOCK, mask_id, 7.0))
+        before = draft_loss(draft)(pack(seqs[:1], anchors, BLOCK, mask_id, 7.0))
         changed = Sequence(seqs[0].tokens, seqs[0].taps.clone(), seqs[0].prompt_len)
         changed.taps[25:] += 10.0
-        assert batch_loss(draft, pack([changed], anchors, BLOCK, mask_id, 7.0)) == before
+        assert draft_loss(draft)(pack([changed], anchors, BLOCK, mask_id, 7.0)) == before
         changed.taps[12:] += 10.0
-        assert batch_loss(draft, pack([changed], anchors, BLOCK, mask_id, 7.0)) != before
+        assert draft_loss(draft)(pack([changed], anchors, BLOCK, mask_id, 7.0)) != before
 
 
 def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair):
@@ -130,7 +131,7 @@ def test_the_compute_budget_caps_the_steps(setup):
 
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
 def test_step_macs_is_what_a_training_step_multiplies(pair, variant):
-    """One training step (batch_loss and its backward) of a 2-layer draft, every row with a loss (the count's upper
+    """One training step (draft_loss and its backward) of a 2-layer draft, every row with a loss (the count's upper
     bound) and no context taps (the step is all block rows): FlopCounterMode measures its matmuls, and step_macs is
     that plus, by hand, 3 x the products no matmul makes per row: the taps' projection fc (the count charges it
     per block row), the norms' weights, DFlash2's convolutions (2 layers x 2 around attention and MLP x 2 x K x H)
@@ -158,7 +159,7 @@ def test_step_macs_is_what_a_training_step_multiplies(pair, variant):
                   10 * blocks + torch.arange(rows) % block, blocks[:, None] == blocks[None, :], words(rows),
                   torch.ones(rows), words(rows), torch.arange(rows))
     with FlopCounterMode(display=False) as counter:
-        batch_loss(draft, batch).backward()
+        draft_loss(draft)(batch).backward()
     flops = counter.get_flop_counts()["Global"]
     measured = sum(n for op, n in flops.items() if str(op) in ("aten.mm", "aten.addmm", "aten.bmm")) // 2
     norms = sum(p.numel() for name, p in draft.named_parameters() if name.endswith("norm.weight"))

@@ -21,7 +21,7 @@ from dflash_et.checkpoints import families, zlab
 from dflash_et.errors import CheckpointError
 from dflash_et.models.block import ModelArgs
 from dflash_et.models.layers import ACTIVATIONS
-from dflash_et.models.draft import Draft
+from dflash_et.models.draft import DFlash2Draft, Draft
 from dflash_et.models.target import Target
 
 FINGERPRINT = "fingerprint.json"  # written beside a fetched checkpoint (see checkpoint_id)
@@ -194,8 +194,9 @@ def build_draft(draft_config: PretrainedConfig, target: ModelArgs, max_seq_len: 
         args = replace(args, layers=tuple(replace(s, window=min(s.window or w, w)) for s in args.layers))
     rope = rope_tables(draft_config, max_seq_len)
     with torch.device("meta") if empty else nullcontext():
-        return Draft(args, rope, len(settings.target_layer_ids), target.hidden_size, settings.logit_scale, ops,
-                     max_block, ring, settings.conv, settings.selector)
+        dflash2 = () if settings.selector is None else (settings.conv, settings.selector)
+        return (DFlash2Draft if dflash2 else Draft)(args, rope, len(settings.target_layer_ids), target.hidden_size,
+                                                    settings.logit_scale, ops, max_block, ring, *dflash2)
 
 
 MULTIMODAL_PREFIX = "model.language_model."  # Gemma 4's and Qwen3.5's wrappers: the text model (vision ignored)

@@ -7,7 +7,6 @@ from torch import nn
 
 from dflash_et.models.attention import CACHE_OF_OPS, Attention, AttentionSpec, ring_rows
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
-from dflash_et.models.dflash2 import GroupedCausalConv
 from dflash_et.models.layers import MLP, RMSNorm
 
 
@@ -17,8 +16,8 @@ class ModelArgs:
     DeltaNet spec for the linear-attention layers of hybrid models (Qwen3.5).
 
     The Gemma 4 variants are flags here, not a second model: `sandwich_norms` also norms each
-    branch's output (four norms per layer), `layer_scalar` multiplies each layer's output by a
-    stored scalar, `embed_scale` multiplies the embedding (sqrt(hidden), rounded to the weights'
+    branch's output (four norms per layer) and multiplies each layer's output by a stored scalar
+    (models.block.SandwichBlock), `embed_scale` multiplies the embedding (sqrt(hidden), rounded to the weights'
     dtype), `logit_softcap` bounds the logits to (-cap, cap) with tanh. `norm_offset` 1 makes every
     RMSNorm zero-centred, `(1 + w)` (Qwen3.5).
     """
@@ -32,7 +31,6 @@ class ModelArgs:
     layers: tuple[AttentionSpec | DeltaNetSpec, ...]
     hidden_act: str = "silu"
     sandwich_norms: bool = False
-    layer_scalar: bool = False
     embed_scale: float = 1.0
     logit_softcap: float | None = None
     norm_offset: float = 0.0
@@ -69,63 +67,101 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-class Block(nn.Module):
-    """A pre-norm decoder layer. With `ctx` (a draft layer), K/V also cover the un-normed context rows.
-    `ops`: the op set (see attention). `max_call`: the longest call (None: any), which sizes DeltaNet's
-    buffers and, with `ring`, sliding layers' ring buffers (see attention). `verify_call`: the longest call
-    that may be kept in part, whose rows DeltaNet layers keep to replay (see deltanet; None: any call).
-    `conv` (kernel size, group size): a DFlash2 draft layer's causal convolutions over the block around attention
-    and around the MLP (models.dflash2)."""
+def attention(a: ModelArgs, spec: AttentionSpec, max_seq_len: int, ops: str, max_call: int | None,
+              ring: bool) -> Attention:
+    """A layer's attention with its cache for `ops`; with `ring`, a sliding layer's cache is a ring buffer sized
+    for calls of at most `max_call` (models.attention)."""
+    kv = CACHE_OF_OPS[ops](spec, max_seq_len, ring_rows(spec, max_seq_len, max_call if ring else None))
+    return Attention(a.hidden_size, spec, a.rms_norm_eps, kv, a.norm_offset)
 
-    def __init__(self, a: ModelArgs, spec: AttentionSpec | DeltaNetSpec, max_seq_len: int, ops: str,
-                 max_call: int | None = None, verify_call: int | None = None, ring: bool = False,
-                 conv: tuple[int, int] | None = None):
-        super().__init__()
-        if conv is not None:
-            self.attention_conv = GroupedCausalConv(a.hidden_size, *conv)
-            self.mlp_conv = GroupedCausalConv(a.hidden_size, *conv)
-        self.sandwich = a.sandwich_norms
-        if isinstance(spec, DeltaNetSpec):
-            self.linear_attn = GatedDeltaNet(a.hidden_size, spec, a.rms_norm_eps, max_call or max_seq_len,
-                                             verify_call or max_call or max_seq_len, ops)
-        else:
-            kv = CACHE_OF_OPS[ops](spec, max_seq_len, ring_rows(spec, max_seq_len, max_call if ring else None))
-            self.self_attn = Attention(a.hidden_size, spec, a.rms_norm_eps, kv, a.norm_offset)
-        self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
-        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
-        # Llama/Qwen: the MLP's input norm. Gemma: the attention output's norm, then two around the MLP.
-        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
-        if a.sandwich_norms:
-            self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-            self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        if a.layer_scalar:
-            self.register_buffer("layer_scalar", torch.ones(1))
+
+def add_mlp(layer: nn.Module, a: ModelArgs) -> None:
+    """The MLP and the two norms every layer has (the target's and the draft's), registered after its mixer: an
+    export takes the parameters in their registration order, which stays the checkpoints' (and the programs'
+    bytes with it)."""
+    layer.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
+    layer.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
+    # Llama/Qwen: the MLP's input norm. Gemma: the attention output's norm, then two around the MLP.
+    layer.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
+
+
+class Block(nn.Module):
+    """A target's pre-norm decoder layer (Llama, Qwen): a token mixer, then the MLP, each added to the residual.
+    Subclasses say what mixes (`AttentionBlock`, `DeltaNetBlock`) and `SandwichBlock` is Gemma 4's layer; `block`
+    picks one per layer."""
 
     def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
-                positions: torch.Tensor, ctx: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        rows_see = None if mask is None or ctx is None else mask[:, ctx.shape[1]:]  # a training draft's blocks
-        h = self.input_layernorm(x)
-        if hasattr(self, "attention_conv"):
-            h, kernel = self.attention_conv.prepare(h, rows_see)
-        if hasattr(self, "linear_attn"):
-            attn = self.linear_attn(h, positions)
-        else:
-            kv_in = h if ctx is None else torch.cat([ctx, h], dim=1)
-            attn = self.self_attn(h, kv_in, rope, start, positions, mask)
-        if hasattr(self, "attention_conv"):
-            attn = self.attention_conv.finish(attn, kernel, rows_see)
-        if not self.sandwich:
-            x = x + attn
-            return x + self._mlp(self.post_attention_layernorm(x), rows_see)
-        x = x + self.post_attention_layernorm(attn)
-        x = x + self.post_feedforward_layernorm(self._mlp(self.pre_feedforward_layernorm(x), rows_see))
-        return x * self.layer_scalar if hasattr(self, "layer_scalar") else x
+                positions: torch.Tensor) -> torch.Tensor:
+        return self.join(x, self.mix(self.input_layernorm(x), rope, start, positions))
 
-    def _mlp(self, h: torch.Tensor, rows_see: torch.Tensor | None) -> torch.Tensor:
-        if not hasattr(self, "mlp_conv"):
-            return self.mlp(h)
-        h, kernel = self.mlp_conv.prepare(h, rows_see)
-        return self.mlp_conv.finish(self.mlp(h), kernel, rows_see)
+    def mix(self, h: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+            positions: torch.Tensor) -> torch.Tensor:
+        """The token mixer's output for the normed input `h`."""
+        raise NotImplementedError
+
+    def join(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The residual `x` plus the mixer's output, then plus the MLP's."""
+        x = x + mixed
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class AttentionBlock(Block):
+    """Self-attention as the mixer. `ops`: the op set (see attention). `max_call`: the longest call (None: any),
+    which with `ring` sizes sliding layers' ring buffers (see attention)."""
+
+    def __init__(self, a: ModelArgs, spec: AttentionSpec, max_seq_len: int, ops: str, max_call: int | None = None,
+                 ring: bool = False):
+        super().__init__()
+        self.self_attn = attention(a, spec, max_seq_len, ops, max_call, ring)
+        add_mlp(self, a)
+
+    def mix(self, h: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+            positions: torch.Tensor) -> torch.Tensor:
+        return self.self_attn(h, h, rope, start, positions)
+
+
+class SandwichBlock(AttentionBlock):
+    """Gemma 4's layer: each branch's output normed too (four norms), the layer's output times a stored scalar."""
+
+    def __init__(self, a: ModelArgs, spec: AttentionSpec, max_seq_len: int, ops: str, max_call: int | None = None,
+                 ring: bool = False):
+        super().__init__(a, spec, max_seq_len, ops, max_call, ring)
+        self.pre_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_feedforward_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def join(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(mixed)
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x * self.layer_scalar
+
+
+class DeltaNetBlock(Block):
+    """A hybrid target's linear-attention layer (Qwen3.5): a Gated DeltaNet mixes. `max_call` sizes its buffers;
+    `verify_call`: the longest call that may be kept in part, whose rows it keeps to replay (see deltanet; None:
+    any call)."""
+
+    def __init__(self, a: ModelArgs, spec: DeltaNetSpec, max_seq_len: int, ops: str, max_call: int | None = None,
+                 verify_call: int | None = None):
+        super().__init__()
+        self.linear_attn = GatedDeltaNet(a.hidden_size, spec, a.rms_norm_eps, max_call or max_seq_len,
+                                         verify_call or max_call or max_seq_len, ops)
+        add_mlp(self, a)
+
+    def mix(self, h: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+            positions: torch.Tensor) -> torch.Tensor:
+        return self.linear_attn(h, positions)
+
+
+def block(a: ModelArgs, spec: AttentionSpec | DeltaNetSpec, max_seq_len: int, ops: str, max_call: int | None,
+          verify_call: int | None, ring: bool) -> Block:
+    """The target's layer for `spec`."""
+    if isinstance(spec, DeltaNetSpec):
+        if a.sandwich_norms:
+            raise ValueError("Gemma's sandwich norms come with attention layers only; no model has DeltaNet layers too")
+        return DeltaNetBlock(a, spec, max_seq_len, ops, max_call, verify_call)
+    layer = SandwichBlock if a.sandwich_norms else AttentionBlock
+    return layer(a, spec, max_seq_len, ops, max_call, ring)
 
 
 def start_position(input_pos: torch.Tensor, length: int, max_seq_len: int) -> int:

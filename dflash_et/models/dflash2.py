@@ -61,6 +61,16 @@ class GroupedCausalConv(nn.Module):
         return convolve(y, dynamic, self.base_kernel[1], self.group_size, rows_see)
 
 
+class Unconvolved(nn.Module):
+    """A DFlash draft layer's stand-in for `GroupedCausalConv`: both steps pass their input through."""
+
+    def prepare(self, h: torch.Tensor, rows_see: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        return h, None
+
+    def finish(self, y: torch.Tensor, dynamic: None, rows_see: torch.Tensor | None) -> torch.Tensor:
+        return y
+
+
 class CandidateSelector(nn.Module):
     """z-lab's `CandidateSelector`, its weights under z-lab's names."""
 

@@ -10,37 +10,72 @@ A draft whose every layer has a window (`context_window`) never reads a tap olde
 position minus window - 1: decode loops leave such taps out, so a call takes at most window - 1 of them,
 and with `ring` the windowed layers' caches are ring buffers sized for such calls (models.attention).
 
-Training passes many blocks at once: `block_pos` (each block row's position) and `block_mask`
-[rows, n + rows] (which context and block rows each row may see); the cache is then left alone
-and logits come back for the rows in `logit_rows` (default: every row). The head is most of a
-training step's cost for a real vocabulary, so rows that carry no loss skip it. A DFlash2 draft given each
-logit row's true predecessor (`before`) also returns its selector's candidates and scores for the loss (a
-DFlash draft ignores `before`).
+Training calls `packed` instead: many blocks at once, each block row at its own position (`block_pos`), with
+`mask` [rows, n + rows] saying which context and block rows each row may see; the cache is then left alone and
+logits come back for the rows in `logit_rows` alone. The head is most of a training step's cost for a real
+vocabulary, so rows that carry no loss skip it.
 
-A DFlash2 draft (`conv`, `selector`: models.dflash2) convolves each block causally in every layer and, in
-decoding, returns its proposal positions' candidate lattice (candidates, unary, pair) instead of the logits.
+`DFlash2Draft` (models.dflash2's parts) convolves each block causally in every layer and, in decoding, returns
+its proposal positions' candidate lattice (candidates, unary, pair) instead of the logits (`returns_lattice`).
 """
 
 import torch
 from torch import nn
 
-from dflash_et.models.block import Block, ModelArgs, Rope, scale_embedding, softcap, start_position
-from dflash_et.models.dflash2 import CandidateSelector
+from dflash_et.models.attention import AttentionSpec
+from dflash_et.models.block import ModelArgs, Rope, add_mlp, attention, scale_embedding, softcap, start_position
+from dflash_et.models.dflash2 import CandidateSelector, GroupedCausalConv, Unconvolved
 from dflash_et.models.layers import RMSNorm
+
+
+class DraftBlock(nn.Module):
+    """A draft layer (Qwen3's pre-norm form): K/V also cover the un-normed context rows `ctx`. `conv` (kernel size,
+    group size): a DFlash2 draft layer's causal convolutions over the block around attention and around the MLP
+    (models.dflash2); without, pass-throughs."""
+
+    def __init__(self, a: ModelArgs, spec: AttentionSpec, max_seq_len: int, ops: str, max_call: int | None,
+                 ring: bool, conv: tuple[int, int] | None):
+        super().__init__()
+        self.attention_conv = Unconvolved() if conv is None else GroupedCausalConv(a.hidden_size, *conv)
+        self.mlp_conv = Unconvolved() if conv is None else GroupedCausalConv(a.hidden_size, *conv)
+        self.self_attn = attention(a, spec, max_seq_len, ops, max_call, ring)
+        add_mlp(self, a)
+
+    def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+                positions: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Decoding: the rows of `x` are one block, after the context; both are cached."""
+        return self._layer(x, rope, start, positions, ctx, None, None)
+
+    def packed(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
+               ctx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Training: the rows of `x` are many blocks, `mask` [rows, context + rows] what each row sees; nothing
+        is cached."""
+        return self._layer(x, rope, 0, positions, ctx, mask, mask[:, ctx.shape[1]:])
+
+    def _layer(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+               positions: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | None,
+               rows_see: torch.Tensor | None) -> torch.Tensor:
+        h, kernel = self.attention_conv.prepare(self.input_layernorm(x), rows_see)
+        attn = self.self_attn(h, torch.cat([ctx, h], dim=1), rope, start, positions, mask)
+        x = x + self.attention_conv.finish(attn, kernel, rows_see)
+        h, kernel = self.mlp_conv.prepare(self.post_attention_layernorm(x), rows_see)
+        return x + self.mlp_conv.finish(self.mlp(h), kernel, rows_see)
 
 
 class Draft(nn.Module):
     """The draft's own layers, with the target's embedding and head (borrowed, see checkpoints.zlab)."""
 
+    returns_lattice = False  # what `forward` returns: logits (a DFlash2Draft's: a lattice), for the decode loop
+
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], num_taps: int,
                  target_hidden: int, logit_scale: float = 1.0, ops: str = "torch", max_block: int | None = None,
-                 ring: bool = False, conv: tuple[int, int] | None = None, selector: tuple[int, int] | None = None):
+                 ring: bool = False, conv: tuple[int, int] | None = None):
         """`max_block`: the longest block a call takes; with it, `ring` gives a windowed draft's layers ring
         buffers of window + max_block - 1 rows (models.attention.ring_rows with the block as the longest call):
         the block's queries see the window before them, a call's at most window - 1 taps and block fit without
         wrapping onto themselves, and as long as no call's block starts before the previous call's (decoding
         never does), the rows of the previous block that a shorter one leaves hold positions outside every
-        query's window. `conv` (kernel, group size) and `selector` (rank, top-k): DFlash2's parts."""
+        query's window. `conv` (kernel, group size): DFlash2's convolutions (DraftBlock)."""
         super().__init__()
         self.rope = Rope(rope)
         self.args, self.max_seq_len, self.logit_scale = a, self.rope.max_seq_len, logit_scale
@@ -48,13 +83,12 @@ class Draft(nn.Module):
         self.lm_head = nn.Linear(target_hidden, a.vocab_size, bias=False)
         self.fc = nn.Linear(num_taps * target_hidden, a.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_block if self.context_window else None,
-                                          ring=ring, conv=conv) for spec in a.layers)
+        self.layers = nn.ModuleList(DraftBlock(a, spec, self.max_seq_len, ops,
+                                               max_block if self.context_window else None, ring, conv)
+                                    for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         # the token id of each of the head's rows when `reduce_head` kept some (None: the vocabulary's, in order)
         self.register_buffer("vocab_ids", None, persistent=False)
-        if selector is not None:
-            self.candidate_selector = CandidateSelector(a.hidden_size, a.vocab_size, *selector)
 
     @property
     def context_window(self) -> int | None:
@@ -62,36 +96,65 @@ class Draft(nn.Module):
         windows = [spec.window for spec in self.args.layers]
         return max(windows) if windows and None not in windows else None
 
-    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor,
-                block_pos: torch.Tensor | None = None, block_mask: torch.Tensor | None = None,
-                logit_rows: torch.Tensor | None = None, before: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """Decoding (eager and exported): the logits [1, B-1, V] of the block's proposal positions."""
+        return self.proposal_states(tokens, hidden, input_pos)[1]
+
+    def proposal_states(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposal positions' normed hidden states [1, B-1, H] and logits: decoding's call."""
         n, b = hidden.shape[1], tokens.shape[1]
-        if block_mask is None:
-            start = start_position(input_pos, n + b, self.max_seq_len)
-            block_pos = torch.arange(b, dtype=torch.long) + (start + n)
-        else:
-            start = 0  # training: nothing is cached
-        positions = torch.cat([input_pos, block_pos])
-        rope = self.rope(positions)
-        ctx = self.hidden_norm(self.fc(hidden))
-        x = scale_embedding(self.embed_tokens(tokens), self.args.embed_scale)
+        start = start_position(input_pos, n + b, self.max_seq_len)
+        positions = torch.cat([input_pos, torch.arange(b, dtype=torch.long) + (start + n)])
+        rope, ctx, x = self.inputs(tokens, hidden, positions)
         for layer in self.layers:
-            x = layer(x, rope, start, positions, ctx, block_mask)
-        if block_mask is None:
-            x = x[:, 1:b]  # the anchor's row predicts nothing; explicit end, as in Attention
-        elif logit_rows is not None:
-            x = x[:, logit_rows]
-        x = self.norm(x)
+            x = layer(x, rope, start, positions, ctx)
+        x = self.norm(x[:, 1:b])  # the anchor's row predicts nothing; explicit end, as in Attention
+        return x, self.head(x)
+
+    def packed(self, tokens: torch.Tensor, hidden: torch.Tensor, ctx_pos: torch.Tensor, block_pos: torch.Tensor,
+               mask: torch.Tensor, logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training's call (module docstring): the `logit_rows`' normed hidden states [1, R, H] and logits."""
+        positions = torch.cat([ctx_pos, block_pos])
+        rope, ctx, x = self.inputs(tokens, hidden, positions)
+        for layer in self.layers:
+            x = layer.packed(x, rope, positions, ctx, mask)
+        x = self.norm(x[:, logit_rows])
+        return x, self.head(x)
+
+    def inputs(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+               ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+        """What the layers take: the RoPE tables at `positions` (the context's, then the blocks'), the context rows
+        made from the taps, and the blocks' embedded tokens."""
+        rope = self.rope(positions)  # in this order: the order of the exported program's ops
+        ctx = self.hidden_norm(self.fc(hidden))
+        return rope, ctx, scale_embedding(self.embed_tokens(tokens), self.args.embed_scale)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of the normed hidden states `x`: the (borrowed) head, its scale and softcap."""
         logits = self.lm_head(x)
         if self.logit_scale != 1.0:  # a full-vocabulary multiply (and its gradient) saved when it is none
             logits = logits * self.logit_scale
-        logits = softcap(logits, self.args.logit_softcap)
-        if block_mask is None and hasattr(self, "candidate_selector"):
-            return self.candidate_selector(x, logits, tokens[0, :1], self.vocab_ids)
-        if before is not None and hasattr(self, "candidate_selector"):  # training a DFlash2 draft: its scores too
-            return (logits, *self.candidate_selector.teacher_forced(x[0], logits[0], before))
-        return logits
+        return softcap(logits, self.args.logit_softcap)
+
+
+class DFlash2Draft(Draft):
+    """A DFlash2 draft (z-lab's `DFlash2DraftModel`): convolutions in every layer (`conv`) and a candidate selector
+    (`selector`: rank, top-k), whose lattice decoding walks (models.dflash2)."""
+
+    returns_lattice = True
+
+    def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], num_taps: int,
+                 target_hidden: int, logit_scale: float, ops: str, max_block: int | None, ring: bool,
+                 conv: tuple[int, int], selector: tuple[int, int]):
+        super().__init__(a, rope, num_taps, target_hidden, logit_scale, ops, max_block, ring, conv)
+        self.candidate_selector = CandidateSelector(a.hidden_size, a.vocab_size, *selector)
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decoding (eager and exported): the proposal positions' lattice (candidates, unary, pair)."""
+        x, logits = self.proposal_states(tokens, hidden, input_pos)
+        return self.candidate_selector(x, logits, tokens[0, :1], self.vocab_ids)
 
 
 def reduce_head(draft: Draft, ids: list[int]) -> None:

@@ -11,13 +11,13 @@ at 0 or within the previous call.
 import torch
 from torch import nn
 
-from dflash_et.models.block import Block, ModelArgs, Rope, scale_embedding, softcap, start_position
+from dflash_et.models.block import ModelArgs, Rope, block, scale_embedding, softcap, start_position
 from dflash_et.models.layers import RMSNorm
 
 
 class Target(nn.Module):
     """A Qwen3/Llama/Gemma 4/Qwen3.5-style causal LM; `ops` names the op set (see
-    models.attention); `max_call`, `verify_call` and `ring` size the caches (see Block)."""
+    models.attention); `max_call`, `verify_call` and `ring` size the caches (see models.block)."""
 
     def __init__(self, a: ModelArgs, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], layer_ids: list[int],
                  ops: str = "torch", max_call: int | None = None, verify_call: int | None = None,
@@ -27,7 +27,7 @@ class Target(nn.Module):
         self.args, self.layer_ids, self.max_seq_len = a, list(layer_ids), self.rope.max_seq_len
         self.return_taps = True
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(Block(a, spec, self.max_seq_len, ops, max_call, verify_call, ring)
+        self.layers = nn.ModuleList(block(a, spec, self.max_seq_len, ops, max_call, verify_call, ring)
                                     for spec in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, offset=a.norm_offset)
         self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)

@@ -6,7 +6,7 @@ drives the eager PyTorch modules (the reference) and the ExecuTorch programs (th
     target(tokens [1,T], input_pos [T]) -> (logits [1,T,V], taps [1,T,k*H])
     draft(tokens [1,B], hidden [1,n,k*H], input_pos [n]) -> logits [1,B-1,V]   (.context_window: int | None)
                                       or [1,B-1,N] over the tokens .vocab_ids (a reduced head)
-                                      or a DFlash2 draft's (candidates, unary, pair) (sampling.Lattice)
+                                      or, .returns_lattice, a DFlash2 draft's (candidates, unary, pair)
 
 A DFlash round: the draft proposes B-1 tokens after `last`; the target verifies
 `[last] + proposals` in one call; the sampler accepts a prefix of the proposals (greedy: the
@@ -144,6 +144,30 @@ def generate_ar(target: TargetFn, prompt: list[int], max_new_tokens: int, eos_id
     return out
 
 
+class LogitProposals:
+    """A draft's logits [1, B-1, V] (or over `vocab_ids`) as proposals: the planner reads its confidence from
+    them, then the first k are drawn (greedy: each position's argmax)."""
+
+    def __init__(self, drafted: torch.Tensor, sampler: Sampler, vocab_ids: torch.Tensor | None, vocab_size: int):
+        self.scores, self.sampler, self.vocab_ids, self.vocab_size = drafted[0], sampler, vocab_ids, vocab_size
+
+    def first(self, k: int) -> tuple[list[int], torch.Tensor | None]:
+        """The first k proposals and their distributions q (None: greedy)."""
+        return self.sampler.propose(self.scores[:k], self.vocab_ids, self.vocab_size) if k else ([], None)
+
+
+class PathProposals:
+    """A DFlash2 draft's lattice (candidates, unary, pair) as proposals: its path is walked whole (greedy, or drawn),
+    its scores are the planner's confidence."""
+
+    def __init__(self, drafted: tuple[torch.Tensor, ...], sampler: Sampler, vocab_ids: torch.Tensor | None,
+                 vocab_size: int):
+        self.path, self.q, self.scores = sampler.walk(Lattice(*drafted), vocab_size)
+
+    def first(self, k: int) -> tuple[list[int], torch.Tensor | None]:
+        return self.path[:k], None if self.q is None else self.q[:k]
+
+
 def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
                     mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None,
@@ -168,6 +192,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
     window = getattr(draft, "context_window", None)
     vocab_ids = getattr(draft, "vocab_ids", None)  # a reduced head's logits are those of these tokens
+    read = PathProposals if getattr(draft, "returns_lattice", False) else LogitProposals
     done = out.tokens[-1] in eos_ids
     while not done:
         room = min(block_size, max_new_tokens - len(out.tokens), max_seq_len - pos)
@@ -184,15 +209,8 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
             t1 = time.perf_counter()
             drafted = draft(block, hidden, context)
             draft_s = time.perf_counter() - t1
-            if isinstance(drafted, tuple):  # DFlash2: the path is walked whole, its scores are its confidence
-                path, q_path, scores = sampler.walk(Lattice(*drafted), vocab_size)
-            else:
-                scores = drafted[0]
-            k = planner.verify_count(scores, pos) if planner else b - 1
-            if isinstance(drafted, tuple):
-                proposals, q = path[:k], None if q_path is None else q_path[:k]
-            else:
-                proposals, q = sampler.propose(scores[:k], vocab_ids, vocab_size) if k else ([], None)
+            proposed = read(drafted, sampler, vocab_ids, vocab_size)
+            proposals, q = proposed.first(planner.verify_count(proposed.scores, pos) if planner else b - 1)
             unseen, unseen_start = [], pos
         tokens, positions = torch.tensor([[last] + proposals]), _positions(pos, len(proposals) + 1)
         t1 = time.perf_counter()

@@ -102,6 +102,11 @@ class DraftProgram(Program):
         """As the eager draft's (models.draft): its calls take no tap older than the window."""
         return self.meta.context_window
 
+    @property
+    def returns_lattice(self) -> bool:
+        """As the eager draft's (models.draft): a DFlash2 draft's program returns its lattice, not logits."""
+        return bool(self.meta.selector_top_k)
+
     @cached_property
     def vocab_ids(self) -> torch.Tensor | None:
         """As the eager draft's (models.draft.reduce_head): the token id of each logit it returns, or None."""
@@ -111,7 +116,7 @@ class DraftProgram(Program):
                  ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The logits, or a DFlash2 draft's lattice (candidates, unary, pair), as the eager draft returns them."""
         out = self.execute(tokens, hidden, input_pos)
-        return tuple(out) if self.meta.selector_top_k else out[0]
+        return tuple(out) if self.returns_lattice else out[0]
 
 
 def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:

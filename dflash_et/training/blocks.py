@@ -1,5 +1,5 @@
-"""A training step's data: blocks of anchors drawn from the target's replies, packed into one `Draft.forward`
-call with the visibility each row has in decoding, and the loss on them.
+"""A training step's data: blocks of anchors drawn from the target's replies, packed into one `Draft.packed`
+call with the visibility each row has in decoding, and the loss on them (`draft_loss`).
 
 Per sequence, anchor positions are sampled; each training block is `[anchor token, mask x (B-1)]` at the
 anchor's positions, whose rows see the target taps of the positions before the anchor and the whole block
@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dflash_et.models.draft import DFlash2Draft, Draft
 from dflash_et.training.data import Sequence
 
 
 @dataclass
 class Batch:
-    """Every block of several sequences, packed into one `Draft.forward` call, on the taps' device."""
+    """Every block of several sequences, packed into one `Draft.packed` call, on the taps' device."""
 
     tokens: torch.Tensor          # [1, R] block rows: anchor token, then masks
     hidden: torch.Tensor          # [1, C, k*H] the sequences' taps, one after another
@@ -85,23 +86,43 @@ def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_tok
                  weights.nonzero().squeeze(1).to(device))
 
 
-def batch_loss(draft: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Position-weighted cross-entropy of the draft's predictions for every masked row of the batch. Only
-    rows with a weight get logits: anchors and rows past a reply's end skip the head.
+class DraftLoss(torch.nn.Module):
+    """Position-weighted cross-entropy of the draft's predictions for every masked row of a batch. Only rows with
+    a weight get logits: anchors and rows past a reply's end skip the head. A module whose `forward` is the loss,
+    so that DistributedDataParallel can wrap it (it syncs the gradients of what `forward` computes)."""
 
-    A DFlash2 draft adds its selector's cross-entropy over each row's top-k candidates, scored after the true
-    predecessor (teacher forcing), with the same weights and denominator: the objective of the public
-    reproductions (SpecForge, vLLM speculators, NeMo; z-lab publishes none). A row whose label is not among its
-    candidates adds nothing to it: the selector cannot choose it, the token loss must bring it in."""
-    rows = batch.rows
-    out = draft(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows, batch.before[rows])
-    dflash2 = isinstance(out, tuple)
-    logits = (out[0] if dflash2 else out).squeeze(0)
-    labels, weights = batch.labels[rows], batch.weights[rows]
-    total = (F.cross_entropy(logits.float(), labels, reduction="none") * weights).sum()
-    if dflash2:
-        candidates, scores = out[1], out[2]
+    def __init__(self, draft: Draft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        rows = batch.rows
+        hidden, logits = self.draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows)
+        labels, weights = batch.labels[rows], batch.weights[rows]
+        total = self.weighted_sum(hidden[0], logits[0], labels, weights, batch.before[rows])
+        return total / weights.sum().clamp(min=1e-9)
+
+    def weighted_sum(self, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                     before: torch.Tensor) -> torch.Tensor:
+        """The rows' weighted losses, summed: `hidden` [R, H] and `logits` [R, V] the draft's, `before` [R] each
+        label's predecessor."""
+        return (F.cross_entropy(logits.float(), labels, reduction="none") * weights).sum()
+
+
+class DFlash2Loss(DraftLoss):
+    """A DFlash2 draft's: the token loss plus its selector's cross-entropy over each row's top-k candidates, scored
+    after the true predecessor (teacher forcing), with the same weights and denominator: the objective of the
+    public reproductions (SpecForge, vLLM speculators, NeMo; z-lab publishes none). A row whose label is not among
+    its candidates adds nothing to it: the selector cannot choose it, the token loss must bring it in."""
+
+    def weighted_sum(self, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                     before: torch.Tensor) -> torch.Tensor:
+        candidates, scores = self.draft.candidate_selector.teacher_forced(hidden, logits, before)
         hit = candidates == labels[:, None]
         chosen = F.cross_entropy(scores.float(), hit.int().argmax(-1), reduction="none")
-        total = total + (chosen * weights * hit.any(-1)).sum()
-    return total / weights.sum().clamp(min=1e-9)
+        return super().weighted_sum(hidden, logits, labels, weights, before) + (chosen * weights * hit.any(-1)).sum()
+
+
+def draft_loss(draft: Draft) -> DraftLoss:
+    """The loss module that trains `draft` (call it on a Batch)."""
+    return DFlash2Loss(draft) if isinstance(draft, DFlash2Draft) else DraftLoss(draft)

@@ -3,7 +3,8 @@
 Data are the target's own greedy responses (training.data: so the draft learns what the target will say, not
 what a dataset says), to the project's prompts and, with `synthetic_prompts`, to prompts the target writes
 itself (training.synthesize). Each step packs blocks of anchors in the replies into one call of the very
-`Draft.forward` that is exported, with the visibility each row has in decoding as its mask (training.blocks).
+`Draft` that is exported (its `packed` method, the layers of `forward`), with the visibility each row has in
+decoding as its mask (training.blocks).
 The target's embedding and head are borrowed and frozen.
 Their cost per block row (vocab x hidden, twice: forward and the input gradient) dominates a step
 for real vocabularies, so `compute_budget` caps the steps by multiply-accumulates, not seconds:
@@ -36,11 +37,11 @@ from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.emitted import write_counts
 from dflash_et.data.prompts import text_of
 from dflash_et.files import write_json
-from dflash_et.models.draft import Draft
+from dflash_et.models.draft import DFlash2Draft, Draft
 from dflash_et.models.target import Target
 from dflash_et.runtime.generate import generate_dflash, pooled_tau
 from dflash_et.threads import all_cores
-from dflash_et.training.blocks import batch_loss, pack, sample_anchors
+from dflash_et.training.blocks import draft_loss, pack, sample_anchors
 from dflash_et.training.config import TrainConfig, training_device
 from dflash_et.training.data import (Sequence, fitting, is_measured, reply_model, target_sequences, training_prompts,
                                      with_long_rows)
@@ -112,8 +113,10 @@ def selector_macs(draft: Draft) -> int:
     """A DFlash2 selector's products per row in training (CandidateSelector.teacher_forced), beyond its hidden
     projection (a Linear, counted as a weight): the predecessor's code times the projected hidden state (rank),
     then that against each of the top-k candidates' codes (rank x top-k). 0 for a DFlash draft."""
-    selector = getattr(draft, "candidate_selector", None)
-    return 0 if selector is None else selector.hidden_projection.out_features * (selector.top_k + 1)
+    if not isinstance(draft, DFlash2Draft):
+        return 0
+    selector = draft.candidate_selector
+    return selector.hidden_projection.out_features * (selector.top_k + 1)
 
 
 def planned_steps(config: TrainConfig, draft: Draft) -> int:
@@ -188,9 +191,9 @@ def _fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, 
     `config.curve_points` times, evenly spread. Losses are read back every LOG_EVERY steps, when rank 0 logs them
     and the learning rates to `live` (DVCLive)."""
     device = next(trainee.parameters()).device
-    model = trainee
+    model = draft_loss(trainee)
     if distributed:  # every rank steps with the mean gradient; the caches are not model state
-        model = torch.nn.parallel.DistributedDataParallel(trainee, broadcast_buffers=False)
+        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     params = [p for p in trainee.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, fused=device.type == "cuda" or None)
     horizon = steps
@@ -205,7 +208,7 @@ def _fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, 
         batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
                      config.gamma, trainee.context_window)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = batch_loss(model, batch)
+            loss = model(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

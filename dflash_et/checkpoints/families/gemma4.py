@@ -41,7 +41,7 @@ def layer(c: PretrainedConfig, i: int, kind: str, causal: bool | None) -> Attent
 
 
 def args(c: PretrainedConfig) -> dict:
-    return dict(sandwich_norms=True, layer_scalar=True, embed_scale=c.hidden_size ** 0.5)
+    return dict(sandwich_norms=True, embed_scale=c.hidden_size ** 0.5)
 
 
 def rope(c: PretrainedConfig, max_seq_len: int) -> RopeTables:

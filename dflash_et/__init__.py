@@ -28,3 +28,17 @@ logging.getLogger("torchao").addFilter(
     lambda r: not (r.getMessage().startswith("Failed to load") and "_C_" in r.getMessage() and not _has_cuda()))
 logging.getLogger("torch.utils._pytree").addFilter(
     lambda r: "is an Enum subclass and is now natively supported" not in r.getMessage())
+
+
+def show_progress() -> None:
+    """The library reports progress through `logging` (a long export, llama.cpp's first build); a command (a stage,
+    `dflash train-draft`, `dflash compare`) shows dflash_et's INFO lines on stdout, tagged with their module
+    (`[lower] lowering target ...`), once: not also through the root logger, which a dependency configures on
+    import (a second `INFO:dflash_et...` copy)."""
+    log = logging.getLogger("dflash_et")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[%(module)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False

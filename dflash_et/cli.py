@@ -1,172 +1,32 @@
-"""`dflash generate`: run the pipeline's programs on a prompt, streaming the text as it is accepted; `dflash serve`:
-serve them over an OpenAI-compatible HTTP API (dflash_et/serve.py)."""
+"""`dflash`: the project's user commands, one module each in dflash_et/commands/ (its parser and a thin run over
+the library). Each command imports its library when it runs, so `dflash --help` is quick and `dflash train-draft`
+runs on a machine without ExecuTorch (as `python -m dflash_et.cli train-draft ...` where nothing is installed)."""
 
 import argparse
-import json
-import random
 import sys
-from dataclasses import replace
-from pathlib import Path
 
-from transformers import PreTrainedTokenizerBase
-
-from dflash_et.runtime.adaptive import AUTO, plans
-from dflash_et.runtime.decoder import RUNNERS, Decoder, open_decoder
-from dflash_et.runtime.engine import BlockSize
-from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
+from dflash_et.commands import compare, generate, profile, serve, train_draft
 from dflash_et.errors import UserError
-from dflash_et.data.chat import TextStream, encode_chat, tokenizer
+
+COMMANDS = (generate, serve, train_draft, compare, profile)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dflash", description="Run DFlash speculative decoding on ExecuTorch programs.")
-    sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate a reply to one prompt",
-                       description="Generate a reply to one user prompt (chat template applied, Qwen3 thinking off) "
-                                   "with target.pte + draft.pte, and print tau and tokens/s. Greedy unless "
-                                   "--temperature or --sample; sampled DFlash has exactly the target's distribution.")
-    g.add_argument("--prompt", required=True, help="the user message")
-    g.add_argument("--programs", type=Path, default=Path("artifacts/programs"),
-                   help="directory with target.pte, draft.pte (and shared.ptd) (default: %(default)s)")
-    g.add_argument("--tokenizer", type=Path, default=None,
-                   help="directory with the target's tokenizer files (default: the programs directory)")
-    g.add_argument("--ar", action="store_true", help="plain autoregressive decoding with target.pte (the baseline)")
-    g.add_argument("--block-size", type=block_size, default=None,
-                   help="DFlash block: last token + proposals, or auto: chosen each round from this device's "
-                        "cost curve and the draft's confidence (default: auto)")
-    g.add_argument("--runner", choices=RUNNERS, default="python",
-                   help="python: the engine over executorch.runtime; cpp: the C++ runner (`make runner`), "
-                        "text printed when the reply is done; its seeds give other tokens than the Python "
-                        "engine's (default: %(default)s)")
-    g.add_argument("--cost-curve", type=Path, default=None,
-                   help="with --block-size auto: this device's cost curve for these programs, as the bench "
-                        "stage writes it (reports/cost_curve.json) (default: measured at load, one sweep: seconds "
-                        "on the built-in pair, about 300 calls of each program in general)")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: %(default)s)")
-    g.add_argument("--json", action="store_true",
-                   help="print one JSON object per completion {tokens, text, tau, tokens_per_s, and seed when "
-                        "sampling} instead of streaming text")
-    s = g.add_argument_group("sampling (default: greedy)")
-    s.add_argument("--sample", action="store_true",
-                   help="sample with the checkpoint's recommended settings (carried by target.pte); the options "
-                        "below override them")
-    s.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
-    s.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the most likely tokens "
-                                                              "covering this probability, in (0, 1]")
-    s.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (k >= 1)")
-    s.add_argument("--proposals", choices=PROPOSALS, default=None,
-                   help="the draft's proposals when sampling: its argmax (default) or samples from it; both exact")
-    s.add_argument("--seed", type=int, default=None,
-                   help="seed of the first completion's draws (default: a fresh one, printed); completion i uses "
-                        "seed + i, so the same seed gives the same tokens")
-    s.add_argument("--num-samples", type=int, default=1, help="independent completions to generate (default: 1)")
-    v = sub.add_parser("serve", help="serve the programs over an OpenAI-compatible HTTP API",
-                       description="ExecuTorch's OpenAI-compatible server (/v1/models, /v1/chat/completions, "
-                                   "streaming, sessions) over C++ runner workers (`make runner`), DFlash auto by "
-                                   "default; the chat template is the programs' own.")
-    v.add_argument("--programs", type=Path, default=Path("artifacts/programs"),
-                   help="directory with the programs and their tokenizer (default: %(default)s)")
-    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    v.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
-    v.add_argument("--workers", type=int, default=1,
-                   help="worker processes, each with its own copy of the programs and the cores shared out "
-                        "(default: %(default)s)")
-    v.add_argument("--queue", type=int, default=32,
-                   help="requests that may wait for a worker; past them a request gets 503 (default: %(default)s)")
-    v.add_argument("--block-size", default="auto", help="auto, a DFlash block, or ar: plain decoding "
-                                                        "(default: %(default)s)")
-    v.add_argument("--cost-curve", type=Path, default=None,
-                   help="auto's cost curve for these programs (reports/cost_curve.json; default: each worker "
-                        "measures one as it starts)")
-    v.add_argument("--threads", type=int, default=0,
-                   help="threads per worker (default: the cores shared out among the workers)")
-    v.add_argument("--model-id", default="dflash-et", help="the model's name on /v1/models, which requests must "
-                                                          "name (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        prog="dflash", description="Run, serve, train and measure DFlash speculative decoding on ExecuTorch "
+                                   "programs. `dflash COMMAND --help` says what a command does and what it costs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add(sub)
     return p
 
 
-def block_size(value: str) -> BlockSize:
-    """--block-size: a number of tokens or auto."""
-    if value == AUTO:
-        return value
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a number of tokens or {AUTO}, got {value!r}")
-    return int(value)
-
-
-def sampling_flags(args: argparse.Namespace) -> dict:
-    """The sampling flags given (checked before any program is loaded), with a fresh seed unless --seed."""
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
-    if not args.sample and args.temperature is None and (args.top_p is not None or args.top_k is not None):
-        raise UserError("--top-p and --top-k shape sampling: give --temperature too, or --sample for the "
-                        "checkpoint's recommended settings")
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    flags = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-             "proposals": args.proposals, "seed": seed}
-    flags = {k: v for k, v in flags.items() if v is not None}
-    Sampling(**{"temperature": 1.0, **flags})  # bad values fail here, in one line
-    return flags
-
-
-def generate(args: argparse.Namespace) -> None:
-    flags = sampling_flags(args)
-    args.block_size = args.block_size or AUTO
-    engine = open_decoder(args.programs, args.runner, args.cost_curve)
-    settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
-    if not args.ar and plans(args.block_size, settings.greedy):
-        engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
-    if args.sample and settings.greedy:
-        print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "
-              "false); give --temperature to sample", file=sys.stderr)
-    tok = tokenizer(args.tokenizer or args.programs)
-    prompt = encode_chat(tok, args.prompt)
-    for i in range(args.num_samples):
-        if args.num_samples > 1 and not args.json:
-            print(f"--- sample {i + 1} of {args.num_samples} ---")
-        complete(args, engine, Sampler(replace(settings, seed=settings.seed + i)), tok, prompt)
-
-
-def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: PreTrainedTokenizerBase,
-             prompt: list[int]) -> None:
-    """One completion, streamed as text (or printed as one JSON line)."""
-    shown = TextStream(tok)
-
-    def stream(new: list[int]) -> None:
-        sys.stdout.write(shown.push(new))
-        sys.stdout.flush()
-
-    on_tokens = None if args.json else stream
-    if args.ar:
-        out = engine.ar(prompt, args.max_new_tokens, on_tokens, sampler)
-    else:
-        out = engine.dflash(prompt, args.max_new_tokens, args.block_size, on_tokens, sampler)
-    settings = sampler.sampling
-    if args.json:
-        text = tok.decode(out.tokens, skip_special_tokens=True)
-        print(json.dumps({"tokens": out.tokens, "text": text, "tau": out.tau, "tokens_per_s": out.tokens_per_s,
-                          **({} if settings.greedy else {"seed": settings.seed})}), flush=True)
-    else:
-        sys.stdout.write(shown.end() + "\n")
-        how = "greedy" if settings.greedy else (f"temperature {settings.temperature:g}, top-p {settings.top_p:g}, "
-                                                f"top-k {settings.top_k or 'off'}, seed {settings.seed}")
-        print(f"[{'ar' if args.ar else 'dflash'}] {len(out.tokens)} tokens, tau {out.tau:.2f}, "
-              f"{out.tokens_per_s:.1f} tokens/s ({how})", file=sys.stderr)
-
-
-def serve(args: argparse.Namespace) -> None:
-    from dflash_et.runtime.cpp_runner import find_runner
-    from dflash_et import serve
-
-    pool = serve.make_pool(args.programs, find_runner(), args.workers, args.queue, args.block_size, args.cost_curve,
-                           args.model_id, args.threads)
-    serve.serve(pool, args.model_id, args.host, args.port)
-
-
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    args.argv = argv
     try:
-        serve(args) if args.command == "serve" else generate(args)
+        args.run(args)
     except (UserError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
 

@@ -1,17 +1,56 @@
-"""The one parser of params.yaml's sections: each becomes its dataclass (`ExportConfig`, `ValidateConfig`,
-`BenchConfig`, `PeerConfig`, `TrainConfig`, the stages' `Model`) through `parse`, strictly.
+"""params.yaml: the file read whole (`params`: its sections checked, `model` parsed, prompt sets at `auto`
+resolved), as the stages and the `dflash` commands that train drafts read it from the project's root, and the one
+parser of its sections: each becomes its dataclass (`ExportConfig`, `ValidateConfig`, `BenchConfig`, `PeerConfig`,
+`TrainConfig`, `Model`) through `parse`, strictly, in the command that reads it.
 
 params.yaml holds every setting's default; a dataclass default stands for a key a library caller (a test, a
 tool) leaves out, and tests/test_params.py holds each equal to params.yaml's, so the two cannot drift.
 """
 
 from collections.abc import Iterable
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
+from pathlib import Path
 from typing import TypeVar, get_origin, get_type_hints
+
+import yaml
 
 from dflash_et.errors import UserError
 
 T = TypeVar("T")
+PARAMS = Path("params.yaml")
+SECTIONS = ("block_size", "model", "export", "validate", "bench", "peer_bench", "peers", "train_draft")
+
+
+@dataclass(frozen=True)
+class Model:
+    """The `model` section of params.yaml (what each takes: its comments there)."""
+
+    target: str = "builtin"
+    draft: str = "auto"
+    draft_embed_scale: float | None = None
+
+
+def params(target: str | None = None) -> dict:
+    """params.yaml, its sections those of `SECTIONS` (another is refused in one line), `model` parsed (a `Model`;
+    `target`, when given, replaces model.target), and every prompt set left at `auto` resolved for model.target
+    (see prompt_set)."""
+    if not PARAMS.is_file():
+        raise UserError(f"no {PARAMS} in {Path.cwd()}; run this from the project's root (where dvc.yaml is)")
+    p = yaml.safe_load(PARAMS.read_text()) or {}
+    check_keys(p, SECTIONS, "")
+    p["model"] = parse(Model, p.get("model"), "model")
+    if target:
+        p["model"] = replace(p["model"], target=target)
+    for section, key in (("train_draft", "prompts"), ("validate", "prompt_set"), ("bench", "prompts")):
+        if (p.get(section) or {}).get(key) == "auto":
+            p[section][key] = prompt_set(str(p["model"].target))
+    return p
+
+
+def prompt_set(target: str) -> str:
+    """`auto`: the built-in targets know only the project's corpus (`builtin`); any other target is a real
+    assistant and gets the assistant prompt set (dflash_et/data/assistant_prompts.jsonl)."""
+    return "builtin" if target.startswith("builtin") else "assistant"
 
 
 def parse(cls: type[T], values: dict | None, name: str, *, outside: dict | None = None,

@@ -8,16 +8,9 @@ from pathlib import Path
 
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.files import staged_dir, write_json
-from dflash_et.params import parse
-from dflash_et.training.train import TrainConfig, train_draft
+from dflash_et.training.config import train_config
+from dflash_et.training.train import train_draft
 from stages.common import params, run
-
-
-def train_config(p: dict) -> TrainConfig:
-    """The train_draft section, with the draft's embedding scale from model.draft_embed_scale and its positions from
-    export.max_seq_len: a draft is trained for the context its program holds."""
-    return parse(TrainConfig, p.get("train_draft"), "train_draft",
-                 outside={"embed_scale": p["model"].draft_embed_scale, "max_seq_len": p["export"]["max_seq_len"]})
 
 
 def main(argv: list[str]) -> None:

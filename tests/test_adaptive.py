@@ -269,7 +269,8 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
     small = cost_curve.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
     assert all(p + t <= 10 for t, p in calls) and [t for t, _ in calls][-8:] == list(range(8, 0, -1))
     assert all(len(row) == 8 and all(x > 0 for x in row) for row in small.target_ms)
-    # sweeps from chosen positions (tools.cost_by_position), each reported at its mean; the end of the cache is kept
+    # sweeps from chosen positions (docs/measurements.md's cost deep into the cache), each reported at its mean; the
+    # end of the cache is kept
     chosen = cost_curve.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[100, 20])
     assert chosen.positions == [20 + 12, 100 + 12] and len(chosen.draft_ms) == 2
     with pytest.raises(UserError, match=r"cost curve sweeps start at 1..168 in a cache of 200, not at \[20, 170\]"):

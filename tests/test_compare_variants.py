@@ -1,11 +1,11 @@
-"""tools.compare_variants: both variants trained for one target under the same settings, benched on one target.pte."""
+"""`dflash compare` (dflash_et.evaluate.variants): both variants trained for one target under the same settings, benched on one target.pte."""
 
 import json
 
 import pytest
 
 from dflash_et.errors import UserError
-from stages.common import Model
+from dflash_et.params import Model
 from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
 
 TINY = {
@@ -20,10 +20,10 @@ TINY = {
 
 
 def test_compare_trains_each_variant_and_benches_it_beside_one_target(trained_pair, tmp_path, monkeypatch):
-    from tools import compare_variants
+    from dflash_et.evaluate import variants
 
     out = tmp_path / "compare"
-    results = compare_variants.compare(out, str(trained_pair[0]), ["dflash", "dflash2"], TINY)
+    results = variants.compare(out, str(trained_pair[0]), ["dflash", "dflash2"], TINY)
     assert list(results) == ["dflash", "dflash2"]
     for variant, result in results.items():
         assert json.loads((out / variant / "draft" / "config.json").read_text())["architectures"] == [
@@ -33,13 +33,13 @@ def test_compare_trains_each_variant_and_benches_it_beside_one_target(trained_pa
     targets = [(out / v / "programs" / "target.pte").resolve().read_bytes() for v in results]
     assert targets[0] == targets[1]  # one target.pte for both
     assert json.loads((out / "compare.json").read_text()) == results
-    lines = compare_variants.table(results)
+    lines = variants.table(results)
     assert lines[0] == " | dflash | dflash2" and any(line.startswith("draft ms/round | ") for line in lines)
 
     def refuse(*args, **kwargs):
         raise AssertionError("a rerun with the same settings trains nothing")
 
     monkeypatch.setattr(compare_variants, "train_draft", refuse)
-    assert compare_variants.compare(out, str(trained_pair[0]), ["dflash", "dflash2"], TINY).keys() == results.keys()
+    assert variants.compare(out, str(trained_pair[0]), ["dflash", "dflash2"], TINY).keys() == results.keys()
     with pytest.raises(UserError, match="holds a comparison made with other settings .*: pass a new OUT_DIR"):
-        compare_variants.compare(out, str(trained_pair[0]), ["dflash"], TINY)
+        variants.compare(out, str(trained_pair[0]), ["dflash"], TINY)

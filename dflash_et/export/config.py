@@ -35,7 +35,7 @@ MLX_GROUP_SIZES = (32, 64, 128)  # MLX's quantized kernels exist for these group
 # ring is faster, since the masked kernel attends over every row.
 SLIDING_CACHES = ("ring", "full")
 # The draft's head multiplies its whole vocabulary for every block position: at fp32 on XNNPACK most of a draft
-# call (tools.profile_calls). Its precision only moves the proposals, never what is accepted (the target decides).
+# call (`dflash profile`). Its precision only moves the proposals, never what is accepted (the target decides).
 DRAFT_HEADS = ("same", "8da8w")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # What each export stage lowers, by layout: `single` is one program of all three methods (DFlash's two and

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_et.params import parse
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -36,6 +38,14 @@ class TrainConfig:
     variant: str = "dflash"       # dflash | dflash2 (DFLASH2's parts, its selector trained with the draft)
     device: str = "auto"          # auto | cpu | cuda
     seed: int = 0
+
+
+def train_config(p: dict) -> TrainConfig:
+    """params.yaml's train_draft section (`p`: as dflash_et.params.params reads it), with the draft's embedding
+    scale from model.draft_embed_scale and its positions from export.max_seq_len: a draft is trained for the
+    context its program holds."""
+    return parse(TrainConfig, p.get("train_draft"), "train_draft",
+                 outside={"embed_scale": p["model"].draft_embed_scale, "max_seq_len": p["export"]["max_seq_len"]})
 
 
 def training_device(config: TrainConfig) -> torch.device:

@@ -140,7 +140,7 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print,
     nothing that changes from run to run, since the pipeline's draft directory is a dependency). DVCLive, where
     installed, logs loss, learning rate and held-out tau to `live_dir` (default `out_dir/dvclive`; the pipeline's:
     reports/train_draft). Under torchrun every rank writes the same draft to its `out_dir`. Returns the card plus
-    `timings` (seconds per phase, throughput, device), which tools.train_draft adds to its own card."""
+    `timings` (seconds per phase, throughput, device), which `dflash train-draft` adds to its own card."""
     device = training_device(config)  # a device that is not there is refused before anything runs
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = 0

@@ -14,7 +14,7 @@ pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 echo "setup: $(( $(date +%s) - start )) s"
 # progress bars every 20 s, one line each, every line stamped with the time, the log written as it goes
-TQDM_MININTERVAL=20 PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 -m tools.train_draft /tmp/smollm2.gguf \
+TQDM_MININTERVAL=20 PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 -m dflash_et.cli train-draft /tmp/smollm2.gguf \
     "$OUT/draft" --minutes "${MINUTES:-8.5}" --device "${DEVICE:-cuda}" --dtype bf16 --shard-mb 15 \
     --set synthetic_prompts=12000 --set num_prompts=768 --set max_new_tokens=128 --set generate_batch=512 \
     --set batch=32 --set steps=100000 --set compute_budget=null --set curve_points=4 "$@" 2>&1 \

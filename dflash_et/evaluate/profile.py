@@ -1,6 +1,4 @@
-"""Where a program call's time goes, beside what this machine's memory and FMA units allow.
-
-    python -m tools.profile_calls PROGRAMS_DIR [--tokens 1 4 8 16] [--block 16] [--pos 64] [--repeats 5]
+"""Where a program call's time goes, beside what this machine's memory and FMA units allow (`dflash profile`).
 
 ExecuTorch's own profiler records every call: the programs are loaded with ETDump on, each call shape runs
 `repeats` times after a warm-up at cache position `pos`, and the devtools Inspector reads the dump. The table
@@ -18,21 +16,20 @@ fit in the last-level cache stream faster than memory's bandwidth, so such a cal
 built without its runtime profiler reports delegate calls only: the backend columns then stay empty.
 """
 
-import argparse
 import json
 import statistics
-import sys
 import tempfile
+import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-import dflash_et  # noqa: F401  (one OpenMP thread before torch loads: see dflash_et.threads)
 import torch
 
+from dflash_et.errors import UserError
 from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD
-from tools.timing import median_ms
 
 WRAPPERS = ("Method::execute", "DELEGATE_CALL", "OPERATOR_CALL")
 MATMULS = ("Fully Connected", "Batch Matrix Multiply")
@@ -118,6 +115,18 @@ def profile_programs(programs_dir: Path, tokens: list[int], block: int, pos: int
     return profiles
 
 
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    """Milliseconds a call takes, median of `repeats` after one warm-up (the first call pays for caches and
+    lazy setup that decoding pays once)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
 def machine_roofline() -> dict:
     """This machine's read bandwidth (summing 1 GiB, larger than any cache) and fp32 matmul throughput
     (a 2048-square matmul), with every core, as torch reaches them."""
@@ -165,27 +174,15 @@ def table(profiles: list[CallProfile], linears: dict[str, dict | None], machine:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("programs", type=Path, help="a directory with target.pte and draft.pte (artifacts/programs)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 8, 16], help="target call lengths")
-    ap.add_argument("--block", type=int, default=16, help="the draft's block (at most the programs' largest)")
-    ap.add_argument("--pos", type=int, default=64, help="cache position of every call")
-    ap.add_argument("--repeats", type=int, default=5)
-    a = ap.parse_args(argv)
-    summary = a.programs / "export.json"
-    if not (a.programs / "target.pte").is_file() or not summary.is_file():
-        print(f"error: {a.programs} has no target.pte and export.json; point at a package stage's output "
-              "(artifacts/programs)", file=sys.stderr)
-        return 2
+def report(programs_dir: Path, tokens: list[int], block: int, pos: int, repeats: int) -> str:
+    """The table of `profile_programs` on a package's programs, with this machine's roofline (measured first)."""
+    summary = programs_dir / "export.json"
+    if not (programs_dir / "target.pte").is_file() or not summary.is_file():
+        raise UserError(f"{programs_dir} has no target.pte and export.json; point at a package stage's output "
+                        "(artifacts/programs)")
     linears = linears_of(json.loads(summary.read_text()))
     machine = machine_roofline()
-    profiles = profile_programs(a.programs, a.tokens, a.block, a.pos, a.repeats)
-    print(table(profiles, linears, machine))
+    text = table(profile_programs(programs_dir, tokens, block, pos, repeats), linears, machine)
     if not all(linears.values()):
-        print("(no roofline: these programs' export.json predates `linears`; export them again)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        text += "\n(no roofline: these programs' export.json predates `linears`; export them again)"
+    return text

@@ -1,36 +1,29 @@
-"""DFlash against DFlash2 drafts for one target, trained with the same budget and benched in one run.
+"""DFlash against DFlash2 drafts for one target, trained with the same budget and benched in one run
+(`dflash compare`): how docs/measurements.md's DFlash/DFlash2 figures were measured; nothing here is a stage.
 
-    python -m tools.compare_variants OUT_DIR [--target SPEC] [--variants dflash dflash2]
-
-Fetches the target (`--target`, default params.yaml's model.target; prompt sets left at `auto` follow it),
-trains one draft per `train_draft.variant` with params.yaml's train_draft section otherwise unchanged (the same
-replies, seed and compute budget: `train.planned_steps` charges each variant what its step multiplies), exports
-the target once (its program depends on the layers its drafts tap and their block, which the variants share) and
-each draft with the export section, and runs the bench section on each pair of programs in this one process, one
-variant after the other. Writes OUT_DIR/compare.json (per variant: held-out tau and steps from training, bench's
-tau and speedup overall, per category and per fixed block, auto's, the draft's and verify's ms per round,
-lossless) and prints a table. Each step's output stays in OUT_DIR and a rerun with the same settings reuses it (a
-long run that failed late resumes); other settings are refused, in one line. Nothing here is a pipeline stage: it
-is how docs/measurements.md's DFlash/DFlash2 figures were measured.
+The target is fetched once; one draft is trained per `train_draft.variant` with params.yaml's train_draft section
+otherwise unchanged (the same replies, seed and compute budget: `train.planned_steps` charges each variant what its
+step multiplies); the target is exported once (its program depends on the layers its drafts tap and their block,
+which the variants share) and each draft with the export section; the bench section runs on each pair of programs
+in this one process, one variant after the other. Each step's output stays in the output folder and a rerun with
+the same settings reuses it (a long run that failed late resumes); other settings are refused, in one line.
 """
 
-import argparse
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.errors import UserError
 from dflash_et.evaluate import bench
-from dflash_et.export.lower import PROGRAM_KINDS, ExportConfig, export_program
+from dflash_et.export.config import PROGRAM_KINDS, ExportConfig
+from dflash_et.export.lower import export_program
 from dflash_et.export.package import package
 from dflash_et.files import staged_dir, write_json
 from dflash_et.params import parse
+from dflash_et.training.config import train_config
 from dflash_et.training.train import train_draft
-from stages.common import params, run
-from stages.fetch_draft import train_config
 
 REPORTED = ("tau", "speedup", "tau_by_category", "speedup_by_category", "tau_by_block", "speedup_by_block",
             "tau_auto", "speedup_auto", "speedup_auto_by_category", "draft_ms_per_round", "verify_ms_per_round",
@@ -97,19 +90,3 @@ def table(results: dict) -> list[str]:
     lines = [" | ".join(["", *variants])]
     lines += [" | ".join([label, *(value(results[v], key) for v in variants)]) for label, key in rows]
     return lines
-
-
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--target", help="a model.target spec (default: params.yaml's)")
-    parser.add_argument("--variants", nargs="+", default=list(zlab.ARCHITECTURES), choices=list(zlab.ARCHITECTURES))
-    args = parser.parse_args(argv)
-    p = params(args.target)  # prompt sets left at auto follow the target
-    results = compare(args.out, str(p["model"].target), args.variants, p)
-    print("\n".join(table(results)))
-    print(f"settings: {json.dumps(asdict(parse(bench.BenchConfig, p.get('bench'), 'bench')))}")
-
-
-if __name__ == "__main__":
-    run(main)

@@ -30,11 +30,11 @@ PLOT_COLUMNS = ("run", "engine", "category", "tokens_per_s")  # run: "<category>
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """The `peers` section of params.yaml."""
+    """The `peers` section of params.yaml (what each setting does: its comment there)."""
 
-    draft_max: tuple[int, ...] = (3, 15)  # llama.cpp DFlash proposals per round: its default, and a block of 16
-    threads: int | None = None            # llama.cpp's threads; None: every core, as XNNPACK's pool takes
-    context: int = 1024                   # llama-server's context length
+    draft_max: tuple[int, ...] = (3, 15)
+    threads: int | None = None
+    context: int = 1024
 
     @classmethod
     def from_params(cls, params: dict) -> "PeerConfig":

@@ -29,25 +29,21 @@ from dflash_et.evaluate import transformers_oracle
 
 @dataclass(frozen=True)
 class Limits:
-    """What a program must meet against its eager model."""
+    """What a program must meet against its eager model: `validate.fp32` or `validate.reduced` of params.yaml
+    (what each setting does: its comment there)."""
 
-    max_rel_err: float            # max |program - eager| / max |eager|
-    min_token_agreement: float    # fraction of positions whose argmax agrees
-    require_lossless: bool        # fail (not just report) when DFlash and plain greedy differ
+    max_rel_err: float
+    min_token_agreement: float
+    require_lossless: bool
 
 
 @dataclass(frozen=True)
 class ValidateConfig:
-    """The `validate` section of params.yaml.
-
-    Reduced-precision programs (fp16, bf16, quantized) get their own limits: a value that differs
-    by 1e-7 between a T-token verify call and T one-token calls rounds to different half-precision
-    or int8 levels, so near-tied logits can flip and exact DFlash/greedy equality is not
-    guaranteed there. It is still measured and reported.
-    """
+    """The `validate` section of params.yaml (what each setting does: its comments there; why reduced-precision
+    programs get their own limits: docs/design.md#parameters-in-detail)."""
 
     prompts: int = 4
-    prompt_set: str = "builtin"   # builtin | assistant | a JSONL file (its eval split; see prompts.load_prompts)
+    prompt_set: str = "builtin"
     max_new_tokens: int = 32
     fp32: Limits = Limits(1e-3, 0.99, True)
     reduced: Limits = Limits(0.05, 0.9, False)

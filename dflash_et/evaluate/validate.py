@@ -8,7 +8,6 @@ same target.pte emits, and sampled DFlash must have the distribution of target.p
 (a statistical test against its exact probabilities, `same_distribution.py`).
 """
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
-from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
+from dflash_et.runtime.programs import ProgramError, export_summary, load_programs, missing_backend
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import load_prompts
 from dflash_et.params import parse
@@ -218,7 +217,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         return {"skipped": skipped, "failures": []}
     programs = load_programs(programs_dir)
     _check_made_from(programs, target_dir, draft_dir)
-    export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
+    export_config = ExportConfig.from_params(export_summary(programs_dir)["config"])
     # the eager twin of each program, loaded as export loads it: same dtype, same quantization
     eager = load_models(target_dir, draft_dir, export_config, programs[0].meta.max_context_len)
     settings = eager[2]

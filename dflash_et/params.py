@@ -3,8 +3,9 @@ resolved), as the stages and the `dflash` commands that train drafts read it fro
 parser of its sections: each becomes its dataclass (`ExportConfig`, `ValidateConfig`, `BenchConfig`, `PeerConfig`,
 `TrainConfig`, `Model`) through `parse`, strictly, in the command that reads it.
 
-params.yaml holds every setting's default; a dataclass default stands for a key a library caller (a test, a
-tool) leaves out, and tests/test_params.py holds each equal to params.yaml's, so the two cannot drift.
+params.yaml holds every setting's default and its one description (its comment there; the dataclasses' fields
+carry none, so the two cannot disagree); a dataclass default stands for a key a library caller (a test, a tool)
+leaves out, and tests/test_params.py holds each equal to params.yaml's, so the two cannot drift.
 """
 
 from collections.abc import Iterable

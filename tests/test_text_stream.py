@@ -87,21 +87,3 @@ def test_a_tokenizer_that_cleans_up_spaces_streams_its_cleaned_text():
     assert tok.decode(ids, skip_special_tokens=True) != tok.decode(ids, skip_special_tokens=True,
                                                                    clean_up_tokenization_spaces=False)
     check_stream(tok, ids, 1)
-
-
-@pytest.mark.parametrize("damage, error", [
-    ("missing", r"^.*/tokenizer.json is missing: rebuild it \(`dvc repro package` .*\) or pull it again \(`dvc pull`\)$"),
-    ("corrupt", r"^.*/tokenizer.json is not JSON \(.*\): it is truncated or corrupt; rebuild it .*`dvc pull`\)$"),
-])
-def test_a_missing_or_corrupt_tokenizer_is_one_line_naming_the_file_and_the_fix(pair, tmp_path, damage, error):
-    import shutil
-
-    from dflash_et.data.chat import tokenizer
-    from dflash_et.errors import UserError
-
-    folder = shutil.copytree(pair[0], tmp_path / "programs")
-    path = folder / "tokenizer.json"
-    path.unlink() if damage == "missing" else path.write_text('{"version":\n')
-    with pytest.raises(UserError, match=error) as caught:
-        tokenizer(folder)
-    assert "\n" not in str(caught.value)

@@ -11,30 +11,45 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from dflash_et.errors import UserError
 
 
+# How to get a damaged or missing tokenizer file back, wherever the tokenizer was read from
+REBUILD = ("rebuild it (`dvc repro package` for artifacts/programs, `dvc repro fetch_target` for the target) or "
+           "pull it again (`dvc pull`)")
+# the tokenizer files transformers parses as JSON (package.TOKENIZER_FILES ships those the target has)
+JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "added_tokens.json")
+
+
 def tokenizer(directory: Path) -> PreTrainedTokenizerBase:
-    """The tokenizer of a checkpoint or a programs folder. One without tokenizer.json (or tokenizer.model), or whose
-    tokenizer.json is not JSON, is refused in one line that names the file and how to get it back (transformers says
-    "Couldn't instantiate the backend tokenizer" in four lines, or "Expecting value: line 2 column 1")."""
+    """The tokenizer of a checkpoint or a programs folder. A missing tokenizer.json (with no tokenizer.model), a
+    tokenizer file that is not JSON, or files transformers cannot build a tokenizer from, is refused in one line
+    that names the file (or the folder) and how to get it back: transformers says "Couldn't instantiate the backend
+    tokenizer" in four lines, or "Expecting value: line 2 column 1", and names neither."""
+    directory = Path(directory)
+    problem = _unreadable(directory)
+    if problem:
+        raise UserError(problem)
     try:
         return AutoTokenizer.from_pretrained(directory)
-    except Exception:  # noqa: BLE001  whatever transformers raises; said plainly when it is a file's fault
-        problem = _unreadable(Path(directory))
-        if problem is None:
-            raise
-        raise UserError(problem) from None
+    except Exception as e:  # noqa: BLE001  files that parse but do not fit: whatever transformers raises then
+        raise UserError(f"{directory}: transformers cannot build a tokenizer from its files "
+                        f"({type(e).__name__}: {_first_line(e)}); one of them is damaged: {REBUILD}") from None
 
 
 def _unreadable(directory: Path) -> str | None:
     path = directory / "tokenizer.json"
-    fix = ("rebuild it (`dvc repro package` for artifacts/programs, `dvc repro fetch_target` for the target) or "
-           "pull it again (`dvc pull`)")
-    if not path.is_file():
-        return None if (directory / "tokenizer.model").is_file() else f"{path} is missing: {fix}"
-    try:
-        json.loads(path.read_bytes())
-    except ValueError as e:
-        return f"{path} is not JSON ({e}): it is truncated or corrupt; {fix}"
+    if not path.is_file() and not (directory / "tokenizer.model").is_file():
+        return f"{path} is missing: {REBUILD}"
+    for path in (directory / name for name in JSON_FILES):
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as e:
+            return f"{path} is not JSON ({e}): it is truncated or corrupt; {REBUILD}"
     return None
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:

@@ -19,24 +19,22 @@ from dflash_et.runtime.sampling import Sampler, Sampling
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """The `bench` section of params.yaml."""
+    """The `bench` section of params.yaml (what each setting does: its comment there)."""
 
-    prompts: str = "builtin"    # builtin | path to a JSONL file ({"prompt": ..., "category": ...} per line)
+    prompts: str = "builtin"
     num_prompts: int = 30
-    long_prompts: int = 6       # of the `long` category: a document, then one of the first questions, filling
-                                # half to all of the cache the reply leaves (prompts.with_documents)
+    long_prompts: int = 6
     max_new_tokens: int = 64
     repeats: int = 1
-    warmup: int = 1             # prompts run (AR and DFlash) before timing starts
-    latency_repeats: int = 10   # sweeps of decoding rounds timed for the cost curve (`cost_curve._typical`)
-    block_sizes: tuple[int, ...] = (2, 4, 8, 16)  # fixed blocks measured beside auto (those the programs take)
-    temperature: float | str = 0.0  # 0: greedy; "recommended": the checkpoint's temperature, top_p and top_k
-                                    # (target.pte's metadata; top_p and top_k below then do nothing)
+    warmup: int = 1
+    latency_repeats: int = 10
+    block_sizes: tuple[int, ...] = (2, 4, 8, 16)
+    temperature: float | str = 0.0
     top_p: float = 1.0
     top_k: int | None = None
-    proposals: str = "argmax"   # argmax | sample (temperature > 0)
+    proposals: str = "argmax"
     seed: int = 0
-    runner: str = "python"      # python | cpp: the host loop that decodes (cpp: `make runner` builds it)
+    runner: str = "python"
 
     def sampling(self) -> Sampling | None:
         """The explicit sampling settings (checked), or None for the programs' recommended ones."""

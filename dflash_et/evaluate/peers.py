@@ -8,7 +8,6 @@ adaptive length). Throughput is decode tokens per second after the first token (
 as llama-server times it and as the bench does. What llama.cpp refuses is reported with its reason.
 """
 
-import json
 import os
 import statistics
 from collections import defaultdict
@@ -23,18 +22,18 @@ from dflash_et.params import parse
 from dflash_et.peer.llama_cpp import VERSION, LlamaCpp, Refused, Server, gguf_pair, matched_type
 from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.runtime.engine import BlockSize, Engine
-from dflash_et.runtime.programs import missing_backend
+from dflash_et.runtime.programs import export_summary, missing_backend
 
 PLOT_COLUMNS = ("run", "engine", "category", "tokens_per_s")  # run: "<category>: <engine>", one bar each
 
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """The `peers` section of params.yaml."""
+    """The `peers` section of params.yaml (what each setting does: its comment there)."""
 
-    draft_max: tuple[int, ...] = (3, 15)  # llama.cpp DFlash proposals per round: its default, and a block of 16
-    threads: int | None = None            # llama.cpp's threads; None: every core, as XNNPACK's pool takes
-    context: int = 1024                   # llama-server's context length
+    draft_max: tuple[int, ...] = (3, 15)
+    threads: int | None = None
+    context: int = 1024
 
     @classmethod
     def from_params(cls, params: dict) -> "PeerConfig":
@@ -179,7 +178,7 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
     skipped = missing_backend(programs_dir)
     if skipped:
         return {"skipped": skipped}, []
-    export = json.loads((programs_dir / "export.json").read_text())["config"]
+    export = export_summary(programs_dir)["config"]
     gguf_type = matched_type(export["quantize"], export["dtype"])
     rows = load_prompts(bench.prompts, bench.num_prompts)
     tok = tokenizer(programs_dir)

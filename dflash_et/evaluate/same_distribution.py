@@ -31,16 +31,15 @@ from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling, distributio
 
 @dataclass(frozen=True)
 class SamplingCheck:
-    """The `validate.sampling` section of params.yaml."""
+    """The `validate.sampling` section of params.yaml (what each setting does: its comment there)."""
 
     temperature: float = 1.0
     top_p: float = 0.9
     top_k: int | None = 20
-    samples: int = 500        # completions per prompt and mode
-    tokens: int = 6           # tokens generated per completion (every position is compared; 2 or more, or no
-                              # DFlash round is tested)
+    samples: int = 500
+    tokens: int = 6
     prompts: int = 2
-    alpha: float = 1e-3       # chance that correct sampling fails the check
+    alpha: float = 1e-3
     seed: int = 0
 
     def __post_init__(self):

@@ -8,7 +8,6 @@ same target.pte emits, and sampled DFlash must have the distribution of target.p
 (a statistical test against its exact probabilities, `same_distribution.py`).
 """
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
-from dflash_et.runtime.programs import ProgramError, load_programs, missing_backend
+from dflash_et.runtime.programs import ProgramError, export_summary, load_programs, missing_backend
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import load_prompts
 from dflash_et.params import parse
@@ -31,25 +30,21 @@ from dflash_et.evaluate import transformers_oracle
 
 @dataclass(frozen=True)
 class Limits:
-    """What a program must meet against its eager model."""
+    """What a program must meet against its eager model: `validate.fp32` or `validate.reduced` of params.yaml
+    (what each setting does: its comment there)."""
 
-    max_rel_err: float            # max |program - eager| / max |eager|
-    min_token_agreement: float    # fraction of positions whose argmax agrees
-    require_lossless: bool        # fail (not just report) when DFlash and plain greedy differ
+    max_rel_err: float
+    min_token_agreement: float
+    require_lossless: bool
 
 
 @dataclass(frozen=True)
 class ValidateConfig:
-    """The `validate` section of params.yaml.
-
-    Reduced-precision programs (fp16, bf16, quantized) get their own limits: a value that differs
-    by 1e-7 between a T-token verify call and T one-token calls rounds to different half-precision
-    or int8 levels, so near-tied logits can flip and exact DFlash/greedy equality is not
-    guaranteed there. It is still measured and reported.
-    """
+    """The `validate` section of params.yaml (what each setting does: its comments there; why reduced-precision
+    programs get their own limits: docs/design.md#parameters-in-detail)."""
 
     prompts: int = 4
-    prompt_set: str = "builtin"   # builtin | assistant | a JSONL file (its eval split; see prompts.load_prompts)
+    prompt_set: str = "builtin"
     max_new_tokens: int = 32
     fp32: Limits = Limits(1e-3, 0.99, True)
     reduced: Limits = Limits(0.05, 0.9, False)
@@ -224,7 +219,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         return {"skipped": skipped, "failures": []}
     programs = load_programs(programs_dir)
     _check_made_from(programs, target_dir, draft_dir)
-    export_config = ExportConfig.from_params(json.loads((programs_dir / "export.json").read_text())["config"])
+    export_config = ExportConfig.from_params(export_summary(programs_dir)["config"])
     # the eager twin of each program, loaded as export loads it: same dtype, same quantization
     eager = load_models(target_dir, draft_dir, export_config, programs[0].meta.max_context_len)
     settings = eager[2]

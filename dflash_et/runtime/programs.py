@@ -28,10 +28,9 @@ def missing_backend(programs_dir: Path) -> str | None:
     programs lower anywhere but only an executorch built for Apple silicon has their delegate; loading
     them elsewhere fails with an opaque runtime error, so validate and bench ask this first and skip.
     """
-    summary = programs_dir / "export.json"
-    if not summary.is_file():
+    if not (programs_dir / "export.json").is_file():
         return None
-    backend = json.loads(summary.read_text()).get("config", {}).get("backend")
+    backend = export_summary(programs_dir)["config"].get("backend")
     if backend not in RUNTIME_BACKENDS:
         return None
     from executorch.runtime import Runtime
@@ -41,6 +40,22 @@ def missing_backend(programs_dir: Path) -> str | None:
         return None
     return (f"programs need the {backend} backend ({name}), which this host's executorch runtime lacks; "
             f"run them on {where}")
+
+
+def export_summary(programs_dir: Path) -> dict:
+    """The programs' export.json (what package wrote: their export config, sizes), or one line that names it and
+    how to get it back when it is missing or damaged."""
+    path = programs_dir / "export.json"
+    fix = "rebuild the programs (`dvc repro package`) or pull them again (`dvc pull`)"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProgramError(f"{path} is missing: {fix}") from None
+    except ValueError as e:
+        raise ProgramError(f"{path} is not JSON ({e}): it is truncated or corrupt; {fix}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+        raise ProgramError(f"{path} holds no export config: it was written by another tool, or is damaged; {fix}")
+    return summary
 
 
 class Program:
@@ -60,7 +75,8 @@ class Program:
         try:
             self._method = self.program.load_method(self.METHOD)
         except RuntimeError as e:
-            hint = " (it needs its .ptd weights file)" if ptd is None else ""
+            hint = (f" (it needs its .ptd weights file, {pte.parent / 'shared.ptd'}, which is missing: rebuild the "
+                    "programs (dvc repro) or pull them again (dvc pull))") if ptd is None else ""
             raise ProgramError(f"{pte}: cannot be loaded by executorch.runtime{hint}: {e}") from None
         self.meta = self.META.read(self.program, str(pte))
 
@@ -156,5 +172,18 @@ def _load(pte: Path, ptd: Path | None):
     try:
         return Runtime.get().load_program(pte, data_path=ptd)
     except RuntimeError as e:
-        raise ProgramError(f"{pte} is not a readable ExecuTorch program ({e}): truncated or corrupt; rebuild "
+        damaged = pte if ptd is None or not _loads(pte) else ptd  # the program loads alone: its weights are damaged
+        what = "ExecuTorch program" if damaged == pte else "weights file"
+        raise ProgramError(f"{damaged} is not a readable {what} ({e}): truncated or corrupt; rebuild "
                            "it (dvc repro) or pull it again (dvc pull)") from None
+
+
+def _loads(pte: Path) -> bool:
+    """Whether `pte` loads without its .ptd (its methods then do not, but the program's own bytes are sound)."""
+    from executorch.runtime import Runtime
+
+    try:
+        Runtime.get().load_program(pte)
+    except RuntimeError:
+        return False
+    return True

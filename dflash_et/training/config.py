@@ -14,29 +14,29 @@ DEVICES = ("auto", "cpu", "cuda")
 class TrainConfig:
     """The `train_draft` section of params.yaml (what each setting does: its comment there)."""
 
-    steps: int = 2000             # at most; see compute_budget and minutes
-    compute_budget: float | None = 1.0e14  # multiply-accumulates a run may spend (None: no cap); see planned_steps
-    minutes: float | None = None  # wall clock of the whole run (data, training, evaluation); None: no limit
+    steps: int = 2000
+    compute_budget: float | None = 1.0e14
+    minutes: float | None = None
     lr: float = 1e-3
-    batch: int = 4                # sequences per step (per rank)
+    batch: int = 4
     block_size: int = 16
-    anchors: int = 16             # anchors sampled per sequence
+    anchors: int = 16
     gamma: float = 7.0
     num_layers: int = 2
-    prompts: str = "builtin"      # builtin | assistant | a JSONL file (see prompts.load_prompts)
+    prompts: str = "builtin"
     num_prompts: int = 768
-    synthetic_prompts: int = 0    # prompts the target writes itself, added to num_prompts (training.synthesize)
-    heldout: int = 12             # prompts kept out of training, for the acceptance estimate
-    curve_points: int = 0         # held-out tau measured this many times during training too (the card's curve)
+    synthetic_prompts: int = 0
+    heldout: int = 12
+    curve_points: int = 0
     max_new_tokens: int = 48
-    generate_batch: int = 16      # prompts per batched generation of the target's replies
-    max_seq_len: int = 512        # positions the target and the draft hold while training (stages: export.max_seq_len)
-    long_prompts: float = 0.0     # share of the prompts (training and held-out) asked after a document (long_rows)
-    mask_token_id: int | None = None  # None: chosen from the tokenizer (see zlab.choose_mask_token)
-    embed_scale: float | None = None  # model.draft_embed_scale: None, the target's own (see zlab.DraftSettings)
-    sliding_window: int | None = None  # every draft layer attends this far back (zlab.DraftSettings.context_window)
-    variant: str = "dflash"       # dflash | dflash2 (DFLASH2's parts, its selector trained with the draft)
-    device: str = "auto"          # auto | cpu | cuda
+    generate_batch: int = 16
+    max_seq_len: int = 512        # not a setting of the section: export.max_seq_len, the positions training holds
+    long_prompts: float = 0.0
+    mask_token_id: int | None = None
+    embed_scale: float | None = None  # not a setting of the section: model.draft_embed_scale (zlab.DraftSettings)
+    sliding_window: int | None = None
+    variant: str = "dflash"
+    device: str = "auto"
     seed: int = 0
 
 

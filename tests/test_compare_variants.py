@@ -6,7 +6,7 @@ import pytest
 
 from dflash_et.errors import UserError
 from dflash_et.params import Model
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
+from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK
 
 TINY = {
     "block_size": 4,

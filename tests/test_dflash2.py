@@ -12,7 +12,7 @@ from dflash_et.checkpoints.zlab import draft_settings
 from dflash_et.errors import CheckpointError
 from dflash_et.models.dflash2 import convolve
 from dflash_et.runtime.sampling import Lattice, walk
-from tests.conftest import DFLASH2, random_draft
+from tests.tiny_checkpoints import DFLASH2, random_draft
 from tests.test_generate import models, prompts  # noqa: F401  (fixtures: the built-in random pair, its prompts)
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,7 @@ def dflash2_programs(programs, trained_pair, tmp_path_factory):
 
     from dflash_et.export.config import ExportConfig
     from dflash_et.export.lower import export_program
-    from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK
+    from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK
 
     out = tmp_path_factory.mktemp("dflash2-programs")
     shutil.copytree(programs, out / "programs")
@@ -251,7 +251,7 @@ def test_dflash2_draft_program_matches_the_eager_draft_and_decodes_losslessly(df
     """draft.pte computes the convolutions and the lattice as the eager draft does (validate's calls, lattice
     scores and candidates), says it is DFlash2, and DFlash through the programs is plain greedy decoding."""
     from dflash_et.runtime.engine import Engine
-    from tests.conftest import numerics
+    from tests.tiny_programs import numerics
 
     programs_dir, draft_dir = dflash2_programs
     checked, (_, draft_p), _ = numerics(programs_dir, (trained_pair[0], draft_dir))
@@ -281,6 +281,7 @@ def test_the_cpp_runner_walks_a_dflash2_draft_as_the_python_engine_does(dflash2_
                                                                            for r in theirs.rounds]
 
 
+@pytest.mark.slow  # lowers programs
 def test_a_dflash2_draft_lowers_to_mlx_4w_in_one_delegate(pair, tmp_path):
     """MLX's 4w recipe quantizes Linears and embeddings in groups of 32: the selector's rank-8 codebooks are
     narrower and stay as they are; the convolutions and the lattice lower with the rest (top-k beside it)."""
@@ -440,7 +441,7 @@ def test_validate_passes_on_dflash2_programs(trained_dflash2_programs, trained_p
     DFlash at blocks 2, the largest and auto against plain greedy decoding, the sampling check (test size), with
     proposals accepted in both modes."""
     from dflash_et.evaluate.validate import validate
-    from tests.conftest import validate_config
+    from tests.tiny_programs import validate_config
 
     report = validate(trained_dflash2_programs, trained_pair[0], trained_dflash2_programs.parent / "draft",
                       validate_config(prompts=2, max_new_tokens=12))

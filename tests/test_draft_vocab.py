@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tests.conftest import DFLASH2, REDUCED_VOCAB, chat_checkpoint, random_draft, validate_config
+from tests.tiny_checkpoints import DFLASH2, chat_checkpoint, random_draft
+from tests.tiny_programs import REDUCED_VOCAB, validate_config
 from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts, write_counts
 from dflash_et.errors import ExportError
 from dflash_et.export.config import ExportConfig

@@ -12,7 +12,7 @@ from dflash_et.checkpoints.load import load_config
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.errors import CheckpointError
 from dflash_et.runtime.generate import generate_ar, generate_dflash
-from tests.conftest import chat_checkpoint, random_draft
+from tests.tiny_checkpoints import chat_checkpoint, random_draft
 
 WINDOW, BLOCK = 8, 8  # z-lab's torch model also hides block rows a window ahead (its MLX one does not): W >= B
 
@@ -205,7 +205,7 @@ def test_windowed_programs_match_the_eager_pair_and_stay_lossless(windowed_progr
     from dflash_et.data.chat import encode_chat, tokenizer
     from dflash_et.data.prompts import builtin_prompts
     from dflash_et.runtime.engine import Engine
-    from tests.conftest import WINDOW, numerics, planned_arenas
+    from tests.tiny_programs import WINDOW, numerics, planned_arenas
 
     checked, (target_p, draft_p), _ = numerics(windowed_programs, (trained_pair[0], windowed_programs.parent / "draft"))
     assert draft_p.meta.context_window == WINDOW

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import REPO
+from tests import REPO
 
 PACKAGES = ("dflash_et", "stages")
 

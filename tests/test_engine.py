@@ -15,7 +15,8 @@ from dflash_et.runtime.cost_curve import CostCurve
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.generate import generate_ar
 from dflash_et.runtime.sampling import Sampler, Sampling
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, checkpoint_facts
+from tests.tiny_checkpoints import checkpoint_facts
+from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK
 
 
 @pytest.fixture(scope="module")

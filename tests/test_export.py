@@ -13,7 +13,8 @@ from dflash_et.export.lower import export_program
 from dflash_et.export.package import TOKENIZER_FILES, merge_weights, package
 from dflash_et.evaluate.validate import ValidateConfig, call_plan, check_lossless, validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, QUICK_SAMPLING_CHECK, checkpoint_facts, numerics, validate_config
+from tests.tiny_checkpoints import checkpoint_facts
+from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK, QUICK_SAMPLING_CHECK, numerics, validate_config
 
 
 def test_programs_match_eager_models(programs, trained_pair):

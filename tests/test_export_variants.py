@@ -16,8 +16,8 @@ from dflash_et.export.package import package
 from dflash_et.export.recipes import quantize
 from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs, missing_backend
-from tests.conftest import (MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, checkpoint_facts, numerics,
-                            validate_config)
+from tests.tiny_checkpoints import checkpoint_facts
+from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK, build_programs, built_once, numerics, validate_config
 
 
 def test_portable_target_runs_without_delegates(trained_pair, tmp_path):
@@ -116,7 +116,7 @@ def test_4w_quantizes_linears_and_embedding_and_keeps_a_tied_head_tied(pair, tmp
     from torchao.quantization import IntxUnpackedToInt8Tensor
 
     from dflash_et.checkpoints import builtin
-    from tests.conftest import random_checkpoint
+    from tests.tiny_checkpoints import random_checkpoint
 
     target_dir = random_checkpoint(tmp_path / "target", "qwen3", tie_word_embeddings=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -160,10 +160,12 @@ def test_quantized_shared_weights_programs(trained_pair, quantized_shared_progra
     assert result["worst"]["target_rel"].value < 0.05 and result["worst"]["draft_rel"].value < 0.05
 
 
+@pytest.mark.slow  # lowers programs
 def test_sliding_window_target_exports_and_matches_eager(pair, tmp_path):
     """A layer variant (Qwen3's sliding-window layers) through the llama ops' explicit-mask path, exported."""
     from dflash_et.checkpoints import builtin
-    from tests.conftest import assert_program_matches_eager, random_checkpoint
+    from tests.tiny_checkpoints import random_checkpoint
+    from tests.tiny_programs import assert_program_matches_eager
 
     target_dir = random_checkpoint(tmp_path / "target", "qwen3", use_sliding_window=True, sliding_window=5,
                                    max_window_layers=2)

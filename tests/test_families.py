@@ -16,7 +16,7 @@ from dflash_et.checkpoints.families import llama
 from dflash_et.checkpoints.families.base import Family, attention
 from dflash_et.checkpoints.load import eos_ids, load_config, load_target, model_args
 from dflash_et.errors import CheckpointError
-from tests.conftest import random_draft
+from tests.tiny_checkpoints import random_draft
 from tests.gguf_fixture import tiny_llama, write_gguf
 from tests.test_model import TAPS, cache_calls, check_against_hf
 

@@ -12,7 +12,7 @@ from huggingface_hub import constants
 
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.errors import CheckpointError
-from tests.conftest import REPO
+from tests import REPO
 
 
 def copy(src: Path, dst: Path, **config_changes) -> Path:
@@ -158,7 +158,7 @@ def test_stage_prints_one_line_and_fails(tmp_path):
 
 
 def test_sharded_checkpoint_with_a_missing_shard(pair, tmp_path):
-    from tests.conftest import random_checkpoint
+    from tests.tiny_checkpoints import random_checkpoint
 
     src = random_checkpoint(tmp_path / "src", "llama", shard=True)
     shutil.copy(pair[0] / "tokenizer.json", src)

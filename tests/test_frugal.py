@@ -100,7 +100,7 @@ def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
 
     from dflash_et.checkpoints.load import load_target
     from dflash_et.errors import CheckpointError
-    from tests.conftest import random_checkpoint
+    from tests.tiny_checkpoints import random_checkpoint
 
     target = random_checkpoint(tmp_path / "target", "qwen3")
     weights = load_file(target / "model.safetensors")
@@ -112,6 +112,7 @@ def test_a_pre_quantized_checkpoint_is_refused_in_one_line(tmp_path: Path):
         load_target(target, [1], 64)
 
 
+@pytest.mark.slow  # lowers programs
 @pytest.mark.parametrize("params, stored", [(dict(quantize="8da4w"), torch.bfloat16),
                                             (dict(backend="mlx", dtype="bf16", quantize="4w"), torch.float32),
                                             (dict(dtype="fp32"), torch.float32)],
@@ -126,7 +127,7 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     from safetensors.torch import load_file, save_file
 
     from dflash_et.export import by_rows, frugal, lower
-    from tests.conftest import chat_checkpoint, random_draft
+    from tests.tiny_checkpoints import chat_checkpoint, random_draft
 
     target = chat_checkpoint(tmp_path / "target", "gemma4_text", num_hidden_layers=2,
                              layer_types=["sliding_attention", "full_attention"])
@@ -154,7 +155,7 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
 def small_pair(tmp_path_factory) -> tuple[Path, Path, Path]:
     """A small pair and its draft.pte exported with spilling (forced: the pair is a few MB)."""
     from dflash_et.export import frugal, lower
-    from tests.conftest import chat_checkpoint, random_draft
+    from tests.tiny_checkpoints import chat_checkpoint, random_draft
 
     tmp = tmp_path_factory.mktemp("small_pair")
     target = chat_checkpoint(tmp / "target", "qwen3", num_hidden_layers=2)

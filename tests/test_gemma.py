@@ -13,7 +13,8 @@ from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.check import check_pair
 from dflash_et.checkpoints.load import load_config, load_draft, load_target, model_args
 from dflash_et.errors import CheckpointError
-from tests.conftest import build_programs, random_checkpoint, random_draft, validate_config
+from tests.tiny_checkpoints import random_checkpoint, random_draft
+from tests.tiny_programs import build_programs, validate_config
 from tests.test_model import TAPS, cache_calls, check_against_hf, draft_rounds, reference_draft
 
 DRAFT_BLOCK = 8

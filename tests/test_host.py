@@ -13,7 +13,7 @@ from dflash_et.evaluate.bench import PLOT_COLUMNS, BenchConfig, run_bench
 from dflash_et.evaluate.validate import ValidateConfig, validate
 from dflash_et.runtime import programs as runtime_programs
 from dflash_et.runtime.programs import missing_backend
-from tests.conftest import REPO
+from tests import REPO
 from tests.test_export_variants import mlx_programs
 
 

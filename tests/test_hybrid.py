@@ -20,8 +20,8 @@ from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
 from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
-from tests.conftest import (assert_program_matches_eager, build_programs, random_checkpoint, random_draft,
-                            validate_config)
+from tests.tiny_checkpoints import random_checkpoint, random_draft
+from tests.tiny_programs import assert_program_matches_eager, build_programs, validate_config
 from tests.test_model import check_against_hf
 
 TAPS = [0, 1, 3]  # a DeltaNet layer, a full-attention layer, and the last (after the final norm)

@@ -18,7 +18,8 @@ from dflash_et.evaluate.bench import BenchConfig, run_bench
 from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import load_programs
-from tests.conftest import checkpoint_facts, planned_arenas, validate_config
+from tests.tiny_checkpoints import checkpoint_facts
+from tests.tiny_programs import planned_arenas, validate_config
 
 PROMPTS = ["What is 12 times 7?", "Write a Python function that reverses a list.", "Tell me about the sea."]
 

@@ -15,7 +15,7 @@ from dflash_et.errors import ProgramError
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, DraftMeta, TargetMeta, method_name
 from dflash_et.runtime.generate import generate_ar
 from dflash_et.runtime.programs import TargetProgram, load_programs
-from tests.conftest import MAX_SEQ_LEN, PREFILL_CHUNK, planned_arenas
+from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK, planned_arenas
 
 HEADER = Path(__file__).resolve().parents[1] / "runner" / "src" / "metadata.h"
 

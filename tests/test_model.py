@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.load import load_config, load_target, weight_files
 from dflash_et.errors import CheckpointError
-from tests.conftest import TARGET_CONFIGS, random_checkpoint
+from tests.tiny_checkpoints import TARGET_CONFIGS, random_checkpoint
 
 TAPS = [0, 2, 3]  # includes the last layer, whose transformers hidden state is after the final norm
 

@@ -16,7 +16,7 @@ from dflash_et.evaluate.validate import Limits, ValidateConfig
 from dflash_et.training.config import train_config
 from dflash_et.training.train import TrainConfig
 from stages import common
-from tests.conftest import REPO
+from tests import REPO
 
 # section -> (its dataclass, how the stages build it from params(), keys of the section that are not the class's)
 SECTIONS = {

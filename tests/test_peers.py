@@ -13,7 +13,7 @@ from dflash_et.peer import llama_cpp
 from dflash_et.peer.llama_cpp import LlamaCpp, PeerError
 from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.evaluate.peers import PeerConfig, agreement, run_peers
-from tests.conftest import REPO
+from tests import REPO
 
 
 def test_a_source_archive_with_another_hash_is_deleted_and_refused(tmp_path):
@@ -156,7 +156,7 @@ def test_export_gguf_on_a_checkpoint_llama_cpp_refuses_fails_in_one_line_and_lea
 def test_all_four_engines_decode_the_same_prompts(llama_pair, tmp_path):
     """The whole peer bench on a tiny Llama pair: llama.cpp built from the pinned source (cached per user; the
     first build takes tens of minutes), plain and DFlash beside this project's programs on the same prompts."""
-    from tests.conftest import build_programs
+    from tests.tiny_programs import build_programs
 
     compiler = os.environ.get("CXX", "c++")
     if shutil.which("cmake") is None or shutil.which(compiler) is None:

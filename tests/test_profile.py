@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dflash_et.checkpoints.load import load_draft, load_target
-from tests.conftest import MAX_SEQ_LEN, checkpoint_facts
+from tests.tiny_checkpoints import checkpoint_facts
+from tests.tiny_programs import MAX_SEQ_LEN
 from dflash_et import cli
 from dflash_et.evaluate import profile
 

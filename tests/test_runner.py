@@ -26,7 +26,7 @@ from runner.bindings import CppPlanner, LlamaKernels
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import DraftProgram, load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
-from tests.conftest import MAX_SEQ_LEN
+from tests.tiny_programs import MAX_SEQ_LEN
 
 
 # ---------------------------------------------------------------------------------------------- kernels

@@ -14,10 +14,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from dflash_et import cli
+from dflash_et.commands import generate
 from dflash_et.data.chat import ChatFormat, chat_format, encode_chat, tokenizer
 from dflash_et.errors import UserError
 from runner import toolchain
-from tests.conftest import REPO
+from tests import REPO
 from tests.test_runner import assert_one_line_error, run_binary
 
 TEXT_H = REPO / "runner" / "src" / "text.h"
@@ -292,5 +293,5 @@ def test_streamed_text_waits_for_whole_characters(pair, capsys):
             return Generation(tokens, 0.0, [Round(0, 0, 1, 0.0, 0.0, 0.0)])
 
     args = Namespace(json=False, ar=False, max_new_tokens=len(tokens), block_size=8)
-    cli.complete(args, OneTokenARound(), Sampler(Sampling()), tok, [1])
+    generate.complete(args, OneTokenARound(), Sampler(Sampling()), tok, [1])
     assert capsys.readouterr().out == "ok 😀👍🏽 done\n"

@@ -36,7 +36,7 @@ from executorch.examples.llm_server.python.server import build_app
 from executorch.examples.llm_server.python.tool_parsers import (GemmaToolCallDetector, HermesDetector,
                                                                 QwenFunctionCallDetector)
 
-from tests.conftest import build_programs, built_once
+from tests.tiny_programs import build_programs, built_once
 
 CONTRACT = Path(llm_server.__file__).parent / "conformance" / "test_openai_contract.py"
 MODEL = "dflash-et"

@@ -13,7 +13,7 @@ from dflash_et.checkpoints import builtin
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts, load_prompts
 from dflash_et.training.synthesize import MIN_CHARS, rejection, synthesize_prompts, user_turn
-from tests.conftest import LLAMA_SPECIALS, LLAMA_TEMPLATE
+from tests.tiny_checkpoints import LLAMA_SPECIALS, LLAMA_TEMPLATE
 
 SETTINGS = dict(batch=8, max_new_tokens=48)  # short: the trained target's user messages end within 30 tokens
 

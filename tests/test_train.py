@@ -17,7 +17,7 @@ from dflash_et.errors import CheckpointError
 from dflash_et.training.blocks import draft_loss, loss_weights, pack
 from dflash_et.training.data import Sequence
 from dflash_et.training.train import TrainConfig, new_draft, train_draft
-from tests.conftest import validate_config
+from tests.tiny_programs import validate_config
 
 BLOCK = 6
 
@@ -214,7 +214,7 @@ def test_mask_token_is_chosen_as_zlab_drafts_do(family, pair, tmp_path):
     special token; a tokenizer with its own mask token (the built-in one): that token."""
     from transformers import AutoTokenizer
 
-    from tests.conftest import chat_checkpoint
+    from tests.tiny_checkpoints import chat_checkpoint
 
     target = chat_checkpoint(tmp_path / family, family)
     tok = AutoTokenizer.from_pretrained(target)
@@ -229,7 +229,7 @@ def test_mask_token_is_chosen_as_zlab_drafts_do(family, pair, tmp_path):
 
 
 def test_a_tokenizer_with_no_free_token_needs_the_param(tmp_path):
-    from tests.conftest import chat_checkpoint
+    from tests.tiny_checkpoints import chat_checkpoint
 
     target = chat_checkpoint(tmp_path / "t", "qwen3")
     full = len(__import__("transformers").AutoTokenizer.from_pretrained(target))
@@ -243,12 +243,14 @@ def test_mask_token_param_outside_the_vocab_is_refused(pair, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow  # lowers programs
 def test_draft_for_a_qwen3_target_without_a_mask_token_trains_exports_validates_and_benches(tmp_path):
     """What `dvc exp run -S model.target=<local Qwen3 checkpoint> -S model.draft=train` runs (the pipeline
     test drives the Llama layout through DVC itself)."""
     from dflash_et.evaluate.bench import BenchConfig, run_bench
     from dflash_et.evaluate.validate import validate
-    from tests.conftest import build_programs, chat_checkpoint
+    from tests.tiny_checkpoints import chat_checkpoint
+    from tests.tiny_programs import build_programs
 
     chat_checkpoint(tmp_path / "source", "qwen3")
     fetch("target", str(tmp_path / "source"), tmp_path / "target")
@@ -272,7 +274,7 @@ def test_torchrun_two_ranks_step_together(pair, tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.conftest import REPO
+    from tests import REPO
 
     script = tmp_path / "train.py"
     script.write_text(

@@ -14,7 +14,7 @@ import pytest
 from dflash_et.checkpoints.fetch import fetch, shipped_draft
 from dflash_et.errors import CheckpointError
 from dflash_et.training.train import TrainConfig, train_draft
-from tests.conftest import REPO
+from tests import REPO
 
 # What a bare GPU machine lacks: the command must run without any of them (gguf only matters for a .gguf target)
 ABSENT = ("executorch", "dvc", "dvclive", "gguf", "torchao")

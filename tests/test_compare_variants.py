@@ -39,7 +39,7 @@ def test_compare_trains_each_variant_and_benches_it_beside_one_target(trained_pa
     def refuse(*args, **kwargs):
         raise AssertionError("a rerun with the same settings trains nothing")
 
-    monkeypatch.setattr(compare_variants, "train_draft", refuse)
+    monkeypatch.setattr(variants, "train_draft", refuse)
     assert variants.compare(out, str(trained_pair[0]), ["dflash", "dflash2"], TINY).keys() == results.keys()
     with pytest.raises(UserError, match="holds a comparison made with other settings .*: pass a new OUT_DIR"):
         variants.compare(out, str(trained_pair[0]), ["dflash"], TINY)

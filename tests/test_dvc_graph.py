@@ -1,7 +1,12 @@
-"""The DVC graph is complete: every stage depends on all the project code its command imports."""
+"""The DVC graph is complete: every stage depends on all the project code its command imports; and dvc.lock (with
+the reports it records) is of the code in the tree."""
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -77,3 +82,26 @@ def test_a_trained_draft_follows_the_target_weights():
     on the whole target directory, not its config."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert "${paths.target}" in stages["fetch_draft"]["deps"]
+
+
+def test_the_committed_reports_are_of_this_code():
+    """dvc.lock (and the reports it records) must come from the code and params in the tree: a change to what a
+    stage runs, without a fresh `make repro` whose dvc.lock and reports/ are committed with it, fails here.
+    Artifacts (weights, programs) are not in a clone: only the files git tracks count."""
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    tracked = set(listed.stdout.split())
+    done = subprocess.run(["dvc", "status", "--json"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    stale = {}
+    for stage, changes in json.loads(done.stdout).items():
+        for change in changes:
+            if not isinstance(change, dict):  # "changed command", "always changed"
+                stale.setdefault(stage, []).append(change)
+                continue
+            stale.setdefault(stage, []).extend(
+                path for path, why in change.get("changed deps", {}).items()
+                if why != "deleted" and any(t == path or t.startswith(path.rstrip("/") + "/") for t in tracked))
+    stale = {stage: what for stage, what in stale.items() if what}
+    assert not stale, (f"dvc.lock is older than what these stages run: {stale}; run `make repro` and commit dvc.lock "
+                       "and reports/ (or `dvc commit STAGE` where the change cannot change what it reports)")

@@ -59,6 +59,12 @@ def test_bad_export_settings(params, message):
         ExportConfig.from_params(params)
 
 
+def test_a_kind_of_program_not_exported_is_refused_before_anything_is_read(tmp_path):
+    with pytest.raises(ExportError, match=rf"^'targt' is not a program to export; use one of {', '.join(PROGRAM_KINDS)}$"):
+        export_program("targt", tmp_path / "none", tmp_path / "none", ExportConfig(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("ops", ["llama", "mlx"])
 def test_backend_models_compute_the_eager_models_results(trained_pair, ops):
     """The models built for export (ExecuTorch's or MLX's cache ops) give the dense eager models' results."""

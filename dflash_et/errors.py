@@ -3,6 +3,10 @@
 Stages and the CLI turn these into `error: ...` and a non-zero exit instead of a traceback.
 """
 
+# How to get a missing or damaged shipped file back: the programs and what ships beside them, or the target's files.
+REBUILD = ("rebuild it (`dvc repro package` for artifacts/programs, `dvc repro fetch_target` for the target) or "
+           "pull it again (`dvc pull`)")
+
 
 class UserError(ValueError):
     """Bad input or settings, said in one line with what to do."""

@@ -10,7 +10,6 @@ the worker that served it before, so a second turn runs only its new tokens.
 """
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from dflash_et.errors import UserError
+from dflash_et.runtime.programs import export_summary
 
 logger = logging.getLogger("dflash_et.serve")
 
@@ -171,10 +171,7 @@ def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, b
     length, each on `threads` threads (0: its share of the cores)."""
     if workers < 1 or queue < 0:
         raise UserError(f"--workers must be at least 1 and --queue at least 0, got {workers} and {queue}")
-    try:
-        config = json.loads((programs / "export.json").read_text())["config"]
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"{programs} holds no readable export.json ({e}); run `dvc repro` (or `dvc pull`)") from None
+    config = export_summary(programs)["config"]
     try:
         template = ChatTemplate(str(programs), default_template_kwargs={"enable_thinking": False})
     except (ValueError, OSError) as e:

@@ -1,9 +1,11 @@
 """Building dflash_runner (what `make runner` runs): cmake over runner/ against this environment's executorch
 wheel, with the pinned source of the tokenizers library ExecuTorch's runners use, patched (runner/patches/)."""
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from dflash_et.errors import UserError
@@ -38,12 +40,12 @@ def tokenizers_source(cache: Path | None = None) -> Path:
     return tree
 
 
-def build_runner(build_dir: Path = BUILD) -> Path:
-    """Build (or bring up to date) dflash_runner in `build_dir`; its path. Needs cmake >= 3.19 and a C++17
-    compiler; the ExecuTorch headers and libraries come from the installed executorch wheel, the tokenizer's
-    source from `tokenizers_source` (CMake's DFLASH_TOKENIZERS_SOURCE, for a build by hand)."""
-    import executorch
-
+def build_runner(build_dir: Path = BUILD, targets: tuple[str, ...] = ()) -> Path:
+    """Build (or bring up to date) dflash_runner, or only `targets` (dflash_host: the host library the Python engine
+    calls), in `build_dir`; the runner's path. Needs cmake >= 3.19 and a C++17 compiler; the ExecuTorch headers and
+    libraries come from the installed executorch wheel, the tokenizer's source from `tokenizers_source` (CMake's
+    DFLASH_TOKENIZERS_SOURCE, for a build by hand). One build at a time per build directory (a file lock): test
+    workers and commands build on first use."""
     if not (SOURCES / "CMakeLists.txt").is_file():
         raise UserError(f"the runner's sources are not in {SOURCES}; build it from a clone of dflash-et")
     if shutil.which("cmake") is None:
@@ -51,21 +53,30 @@ def build_runner(build_dir: Path = BUILD) -> Path:
                         "(Debian: apt install cmake g++)")
     tokenizers = f"-DDFLASH_TOKENIZERS_SOURCE={tokenizers_source()}"
     build_dir.mkdir(parents=True, exist_ok=True)
-    commands = [["cmake", "--build", str(build_dir)]]  # reconfigures by itself when CMakeLists.txt changes
-    cache = build_dir / "CMakeCache.txt"
-    if not cache.exists():
-        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), *generator,
-                            f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}", tokenizers])
-    elif tokenizers.removeprefix("-D").replace("=", ":PATH=", 1) not in cache.read_text():  # configured before it
-        commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), tokenizers])
-    log = build_dir / "build.log"
-    with log.open("w") as out:
-        for command in commands:
-            if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
-                raise UserError(f"building the C++ runner failed (`{' '.join(command[:2])}`); its output is in {log}")
+    with (build_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        commands = [["cmake", "--build", str(build_dir), *(f"--target={t}" for t in targets)]]  # reconfigures by
+        # itself when CMakeLists.txt changes
+        cache = build_dir / "CMakeCache.txt"
+        if not cache.exists():
+            import executorch
+
+            generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+            commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), *generator,
+                                f"-DCMAKE_PREFIX_PATH={list(executorch.__path__)[0]}", tokenizers])
+        elif tokenizers.removeprefix("-D").replace("=", ":PATH=", 1) not in cache.read_text():  # configured before it
+            commands.insert(0, ["cmake", "-S", str(SOURCES), "-B", str(build_dir), tokenizers])
+        log = build_dir / "build.log"
+        with log.open("w") as out:
+            for command in commands:
+                if subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode:
+                    raise UserError(f"building the C++ runner failed (`{' '.join(command[:2])}`); its output is in "
+                                    f"{log}")
     return build_dir / "dflash_runner"
 
 
-if __name__ == "__main__":  # `make runner`
-    print(build_runner())
+if __name__ == "__main__":  # `make runner`; `python -m runner.toolchain dflash_host` builds that target alone
+    try:
+        print(build_runner(targets=tuple(sys.argv[1:])))
+    except UserError as e:
+        sys.exit(f"error: {e}")

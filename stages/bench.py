@@ -5,11 +5,11 @@ plots and an empty cost curve (every output dvc.yaml declares exists) and succee
 
 from pathlib import Path
 
-from dflash_et.files import write_csv, write_json
-from dflash_et.params import parse
 from dflash_et.evaluate import bench
+from dflash_et.files import write_csv, write_json
+from dflash_et.params import params, parse
 from runner.toolchain import build_runner
-from stages.common import params, run
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

@@ -1,5 +1,5 @@
-"""What every stage command shares: params.yaml (read by dflash_et.params, as the `dflash` commands that train
-drafts read it), the library's progress lines, and turning known failures into one line.
+"""What every stage command shares: the library's progress lines, and turning known failures into one line.
+(params.yaml is read by dflash_et.params, in each stage as in the `dflash` commands that train drafts.)
 
 Paths are not here: dvc.yaml declares them once and passes them to each command. Each section of params.yaml
 becomes its dataclass through the one parser (dflash_et.params.parse) in the stage that reads it.
@@ -9,7 +9,6 @@ import sys
 from collections.abc import Callable
 
 from dflash_et import show_progress
-from dflash_et.params import params  # noqa: F401  (each stage's `from stages.common import params`)
 
 
 def run(main: Callable[[list[str]], None]) -> None:

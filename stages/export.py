@@ -7,7 +7,8 @@ from pathlib import Path
 from dflash_et.export.config import ExportConfig
 from dflash_et.export.lower import export_program
 from dflash_et.files import staged_dir
-from stages.common import params, run
+from dflash_et.params import params
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

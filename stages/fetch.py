@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from dflash_et.checkpoints.fetch import fetch
-from stages.common import params, run
+from dflash_et.params import params
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.files import staged_dir, write_json
+from dflash_et.params import params
 from dflash_et.training.config import train_config
 from dflash_et.training.train import train_draft
-from stages.common import params, run
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

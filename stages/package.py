@@ -7,8 +7,9 @@ from pathlib import Path
 from dflash_et.errors import ExportError
 from dflash_et.export.package import package
 from dflash_et.files import staged_dir
+from dflash_et.params import params
 from dflash_et.peer.llama_cpp import Refused, gguf_pair
-from stages.common import params, run
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

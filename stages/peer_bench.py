@@ -6,11 +6,11 @@ empty outputs, so the default pipeline builds nothing."""
 import json
 from pathlib import Path
 
-from dflash_et.files import staged_dir, write_csv, write_json
-from dflash_et.params import parse
 from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.evaluate.peers import PLOT_COLUMNS, PeerConfig, run_peers
-from stages.common import params, run
+from dflash_et.files import staged_dir, write_csv, write_json
+from dflash_et.params import params, parse
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

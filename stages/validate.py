@@ -5,9 +5,10 @@ line, writes a `skipped` report and succeeds."""
 import sys
 from pathlib import Path
 
-from dflash_et.files import write_json
 from dflash_et.evaluate.validate import ValidateConfig, validate
-from stages.common import params, run
+from dflash_et.files import write_json
+from dflash_et.params import params
+from stages.common import run
 
 
 def main(argv: list[str]) -> None:

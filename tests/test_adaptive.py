@@ -1,15 +1,17 @@
 """block_size: auto, on a scripted target and draft with a constructed cost curve: the planner's choices
-are functions of the curve and the draft's confidence, so every decision here is deterministic."""
+are functions of the curve and the draft's confidence, so every decision here is deterministic. The planner is the
+C++ runner's (runner/src/planner.h, through the host library): these tests see only what it chooses."""
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from dflash_et.errors import UserError
-from dflash_et.runtime import adaptive, cost_curve
-from dflash_et.runtime.adaptive import AdaptivePlanner, Calibration, expected_tokens
+from dflash_et.runtime import cost_curve
+from dflash_et.runtime.adaptive import auto_planner
 from dflash_et.runtime.cost_curve import CostCurve
-from dflash_et.runtime.cost_curve import confidence as adaptive_confidence
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 
 V, H, MASK = 64, 4, 63
@@ -50,31 +52,15 @@ class ScriptedDraft:
         return logits
 
 
-def by_curve(curve: CostCurve, max_block: int = 16) -> AdaptivePlanner:
+def by_curve(curve: CostCurve, max_block: int = 16):
     """Deciding by the curve alone (the scripted calls' own wall times are not what the curve describes)."""
-    return AdaptivePlanner(curve, max_block, time_weight=0.0)
+    return auto_planner(curve, max_block, time_weight=0.0)
 
 
 def run(draft, planner, n=400, prompt=TRUTH[:10]):
-    out = generate_dflash(target, draft, prompt, n, set(), 1024, 16, planner.max_block, MASK, planner=planner)
+    out = generate_dflash(target, draft, prompt, n, set(), 1024, 16, 16, MASK, planner=planner)
     assert out.tokens == generate_ar(target, prompt, n, set(), 1024, 16).tokens == TRUTH[10:10 + n]
     return out
-
-
-def test_expected_tokens():
-    assert expected_tokens([0.5, 0.5]) == [1.0, 1.5, 1.75]
-    assert expected_tokens([1.0, 0.0, 1.0]) == [1.0, 2.0, 2.0, 2.0]
-
-
-def test_calibration_learns_what_the_target_accepts():
-    c = Calibration()
-    assert c([0.95, 0.05]) == pytest.approx([0.95, 0.05])  # the prior: a calibrated draft
-    for _ in range(50):  # sure of its first proposal and always wrong; the second never put to the test
-        c.observe([0.95, 0.15], accepted=0)
-    assert c([0.95])[0] < 0.1 and c([0.15])[0] == pytest.approx(0.15)
-    for _ in range(40):  # then right: within tens of rounds it believes the draft again
-        c.observe([0.95, 0.95, 0.95], accepted=3)
-    assert c([0.95])[0] > 0.9
 
 
 def test_a_good_draft_gets_long_blocks_and_the_cost_curve_cuts_them():
@@ -95,7 +81,8 @@ def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
     once the window of rounds says it does not pay (at most 32 rounds), probes the draft after 2, 4, .. 32
     plain steps, and drafts again once it is right."""
     draft = ScriptedDraft(right=lambda p: not 100 <= p < 400)
-    planner = by_curve(curve(0.1))
+    c = curve(0.1)
+    planner = by_curve(c)
     out = run(draft, planner, n=560)
     bad = [c for c in draft.calls if 100 <= c < 400]
     gaps = np.diff(bad).tolist()
@@ -105,8 +92,8 @@ def test_falls_back_to_plain_steps_and_probes_with_doubling_gaps():
     pos, cost, plain = 10, 0.0, 0.0  # what the bad stretch cost after the entry, by the curve, against plain steps
     for r in out.rounds:
         if bad[entry] < pos < 400:
-            cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.verified + 1, pos)
-            plain += r.emitted * planner.curve.target(1, pos)
+            cost += (c.draft(r.drafted + 1, pos) if r.drafted else 0) + c.target(r.verified + 1, pos)
+            plain += r.emitted * c.target(1, pos)
         pos += r.emitted
     assert cost < 1.05 * plain
     late = [r for r, p in zip(out.rounds[:-1], np.cumsum([10] + [r.emitted for r in out.rounds])) if p >= 450]
@@ -125,7 +112,8 @@ def test_a_draft_wrong_after_long_prompts_stops_being_paid_for_there_alone():
     after a document): what auto learned after short prompts keeps it drafting after long ones for one round
     (the last code drafted 8 before its first plain step, 28% dearer than plain decoding), and what it learns
     after long ones does not stop it drafting after short ones (bands of context)."""
-    planner = by_curve(curve(0.1))
+    c = curve(0.1)
+    planner = by_curve(c)
     draft = ScriptedDraft(right=lambda p: p < 290)
 
     def generate(prompt: int, n: int) -> tuple[list, float]:  # the rounds, and their cost by the curve over plain steps
@@ -133,8 +121,8 @@ def test_a_draft_wrong_after_long_prompts_stops_being_paid_for_there_alone():
         assert out.tokens == TRUTH[prompt:prompt + n]
         pos, cost, plain = prompt, 0.0, 0.0
         for r in out.rounds:
-            cost += (planner.curve.draft(r.drafted + 1, pos) if r.drafted else 0) + planner.curve.target(r.verified + 1, pos)
-            plain += r.emitted * planner.curve.target(1, pos)
+            cost += (c.draft(r.drafted + 1, pos) if r.drafted else 0) + c.target(r.verified + 1, pos)
+            plain += r.emitted * c.target(1, pos)
             pos += r.emitted
         return out.rounds, cost / plain
 
@@ -150,12 +138,14 @@ def test_a_draft_wrong_after_long_prompts_stops_being_paid_for_there_alone():
 
 def test_a_round_that_ends_its_generation_counts_no_tokens_past_its_end():
     """Replies of 6 tokens, one round each (a block of 5 fits what is left): a longer block would have
-    emitted nothing more, so the openings' window credits none (extrapolating would favour blocks of 16)."""
+    emitted nothing more, so the openings' window credits none, and a longer reply opens with a block of 5 too
+    (extrapolating the accepted proposals would open it with 16)."""
     planner = by_curve(curve(0.1))
     for _ in range(40):
         out = generate_dflash(target, ScriptedDraft(), TRUTH[:10], 6, set(), 1024, 16, 16, MASK, planner=planner)
         assert out.tokens == TRUTH[10:16] and len(out.rounds) == 1
-    assert planner.band.openings.total[15] == pytest.approx(planner.band.openings.total[4]) == 32 * 5
+    out = generate_dflash(target, ScriptedDraft(), TRUTH[:10], 40, set(), 1024, 16, 16, MASK, planner=planner)
+    assert out.tokens == TRUTH[10:50] and out.rounds[0].drafted == 4
 
 
 def test_openings_choose_their_block_from_their_own_window():
@@ -170,79 +160,89 @@ def test_openings_choose_their_block_from_their_own_window():
     assert all(1 <= r.drafted <= 4 for r in out.rounds[1:-1])
 
 
-def test_probes_reset_when_the_draft_is_sure_again():
-    planner = by_curve(curve(0.1))
-    for _ in range(32):  # recent rounds: useless
-        planner.band.later.add(expected_tokens([0.01] * 15))
-    blocks = [planner.block(100, 16) for _ in range(4)]
-    assert blocks[0] > 1 and blocks[1:3] == [1, 1] and blocks[3] > 1  # a probe, two plain steps, a probe
-    sure = torch.full((blocks[3] - 1, V), -10.0)
+def drive(planner, rounds: int, accepts: bool, seconds=lambda block, verified: 0.0, pos: int = 100) -> list[int]:
+    """`rounds` rounds of a draft sure of every proposal (all accepted, or none), `seconds` each; their blocks."""
+    sure = torch.full((15, V), -10.0)
     sure[:, 0] = 10.0
-    k = planner.verify_count(sure, 100)
-    planner.observe(k, accepted=0, seconds=0.0)  # a probe that failed: the next plain stretch is twice as long
-    assert k > 0 and (planner.band.plain_left, planner.band.probe_gap) == (4, 8)
-    assert [planner.block(100, 16) for _ in range(5)][4] > 1  # four plain steps, then a probe
-    k = planner.verify_count(sure, 100)
-    planner.observe(k, accepted=k, seconds=0.0)  # one that paid: draft again at once
-    assert (planner.band.plain_left, planner.band.probe_gap) == (0, 2) and planner.block(100, 16) > 1
+    blocks = []
+    for _ in range(rounds):
+        b = planner.block(pos, 16)
+        k = planner.verify_count(sure[:b - 1], pos) if b > 1 else 0
+        accepted = k if accepts else 0
+        planner.observe(k, accepted, seconds=seconds(b, k))
+        blocks.append(b)
+        pos += accepted + 1
+    return blocks
+
+
+def plain_stretches(blocks: list[int]) -> list[int]:
+    """The lengths of the runs of plain steps (block 1) between drafting rounds."""
+    return [len(run) for run in "".join("p" if b == 1 else "d" for b in blocks).split("d") if run]
+
+
+def test_falling_back_it_probes_after_longer_stretches_and_drafts_at_once_when_a_probe_pays():
+    planner = by_curve(curve(0.1))
+    failing = drive(planner, 120, accepts=False)
+    stretches = plain_stretches(failing)
+    assert failing[0] > 1 and stretches[:6] == [2, 4, 8, 16, 32, 32]  # gaps doubling up to 32 (the curve prices probes)
+    assert failing[-1] == 1  # still falling back: the next drafting round is a probe
+    paying = drive(planner, 40, accepts=True, pos=400)
+    first = paying.index(next(b for b in paying if b > 1))
+    assert all(b > 1 for b in paying[first:])  # the probe paid: drafting again at once, and on
 
 
 def test_a_probe_dearer_than_plain_steps_buys_a_longer_plain_stretch():
     """A probe that took 5 plain steps' time to emit one token (its draft read a long prompt first) is followed by
-    three to four times the plain steps one that took 2 is: probing a draft that never accepts costs the same share
-    of decoding's time however dear its probes are. Wall times price it (learning them), or the curve (not)."""
-    stretches = []
-    for ms, time_weight in ((2.0, 0.05), (5.0, 0.05), (5.0, 0.0)):
-        planner = AdaptivePlanner(curve(0.1), 16, time_weight=time_weight)
-        for _ in range(32):  # recent rounds: useless
-            planner.band.later.add(expected_tokens([0.01] * 15))
-        assert planner.block(100, 16) > 1 and planner._probing
-        planner.observe(planner.verify_count(torch.zeros(15, V), 100), accepted=0, seconds=ms / 1000)
-        blocks = [planner.block(101 + i, 16) for i in range(20)]
-        stretches.append(blocks.index(next(b for b in blocks if b > 1)))
-    assert stretches[0] == stretches[2] == 2 and 3 * 2 <= stretches[1] <= 4 * 2
+    a longer plain stretch than one that took 2: probing a draft that never accepts costs the same share of
+    decoding's time however dear its probes are. Wall times price it when the planner learns them."""
+    stretch = {}
+    for ms in (2.0, 5.0):
+        planner = auto_planner(curve(0.1), 16, time_weight=0.05)
+        blocks = drive(planner, 200, accepts=False, seconds=lambda b, k: ms / 1000 if b > 1 else 0.001)
+        stretch[ms] = plain_stretches(blocks)[0]
+    assert stretch[2.0] == 2 and 3 * 2 <= stretch[5.0] <= 4 * 2
 
 
-def test_confidence_is_read_only_while_choosing_k_pays_for_it(monkeypatch):
-    """Reading the draft's confidence costs host time: a draft whose proposals are all worth verifying
-    (choosing k saves nothing) is read on every 8th round only; one where k matters, on most rounds."""
-    reads = []
-    monkeypatch.setattr(adaptive, "confidence", lambda logits: reads.append(1) or adaptive_confidence(logits))
-    c = curve(0.02)
-    c.confidence_ms = 0.05
-    share = []
-    for draft in (ScriptedDraft(), ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12)):
-        reads.clear()
-        out = run(draft, by_curve(c))
-        share.append(len(reads) / sum(1 for r in out.rounds if r.drafted))
-    assert 1 / 8 <= share[0] < 0.2 and share[1] > 0.5
+def test_confidence_is_read_only_while_choosing_k_pays_for_it():
+    """Reading the draft's confidence costs host time (the curve's confidence_ms): a draft sure of 3 proposals and
+    unsure of the rest has most rounds verify just the 3 while reading is cheap against what choosing k saves;
+    once reading costs more than that, only every 8th round and probes read it, and the rest verify all."""
+    share = {}
+    for ms in (0.0, 100.0):
+        out = run(ScriptedDraft(confidence=lambda i: 0.97 if i < 3 else 0.12), by_curve(replace(curve(0.3), confidence_ms=ms)))
+        drafted = [r for r in out.rounds[:-1] if r.drafted]
+        share[ms] = sum(r.verified == 3 for r in drafted) / len(drafted)
+    assert share[0.0] > 0.9 and share[100.0] < 0.25
 
 
 def test_cost_curve_file_round_trip_and_errors(tmp_path):
-    c = curve()
-    c.programs = "these"
+    c = replace(curve(), programs="these")
     (tmp_path / "c.json").write_text(__import__("json").dumps(c.to_dict()))
     assert CostCurve.load(tmp_path / "c.json", "these") == c
     assert c.target(2, 500) == pytest.approx(1.1) and c.draft(16, 0) == pytest.approx(0.62)
     with pytest.raises(UserError, match="measured on other programs than these; rerun the bench stage"):
         CostCurve.load(tmp_path / "c.json", "others")
-    (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(UserError, match="is not a cost curve"):
-        CostCurve.load(tmp_path / "bad.json", "these")
+    for bad, why in (("{}", "positions"), ("[1", "parse error"), ('{"positions": [0], "target_ms": [[1, 2]], '
+                                                                 '"draft_ms": [[1, 2]]}', "differ in length")):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(UserError, match=f"bad.json is not a cost curve .*{why}.*; the bench stage writes one"):
+            CostCurve.load(tmp_path / "bad.json", "these")
+    with pytest.raises(UserError, match=r"missing.json is not a cost curve \(it cannot be read\)"):
+        CostCurve.load(tmp_path / "missing.json", "these")
 
 
 def test_what_rounds_cost_beyond_the_curve_is_learned_per_call():
     """Rounds that take 2 ms a call longer than the curve says (host work, cold caches) make plain steps and
     drafting compare at their real cost."""
-    p = AdaptivePlanner(curve(0.1), 16)
+    c = curve(0.1)
+    p = auto_planner(c, 16)
     for _ in range(200):
         b, k = p.block(100, 16), 0
         if b > 1:
             k = p.verify_count(torch.zeros(b - 1, V), 100)  # unsure: verifies few or none
-        target, draft = p._cost(100)
-        p.observe(k, 0, seconds=(draft[b - 1] + target[k] + 2.0 * (1 + (b > 1))) / 1000)
-    assert p.per_call == pytest.approx(2.0, rel=1e-3)
-
+        ms = (c.draft(b, 104) if b > 1 else 0.0) + c.target(k + 1, 104)  # the curve at the middle of 96..111
+        p.observe(k, 0, seconds=(ms + 2.0 * (1 + (b > 1))) / 1000)
+    assert p.learned()[1] == pytest.approx(2.0, rel=1e-3)
 
 
 def test_the_cost_curve_times_decoding_rounds_of_every_block():
@@ -269,9 +269,3 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
     small = cost_curve.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
     assert all(p + t <= 10 for t, p in calls) and [t for t, _ in calls][-8:] == list(range(8, 0, -1))
     assert all(len(row) == 8 and all(x > 0 for x in row) for row in small.target_ms)
-    # sweeps from chosen positions (docs/measurements.md's cost deep into the cache), each reported at its mean; the
-    # end of the cache is kept
-    chosen = cost_curve.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[100, 20])
-    assert chosen.positions == [20 + 12, 100 + 12] and len(chosen.draft_ms) == 2
-    with pytest.raises(UserError, match=r"cost curve sweeps start at 1..168 in a cache of 200, not at \[20, 170\]"):
-        cost_curve.measure_cost_curve(timed_target, draft, 8, 200, MASK, 16, repeats=1, starts=[20, 170])

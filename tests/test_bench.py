@@ -19,7 +19,8 @@ def test_bench_metrics_and_plots(programs, monkeypatch):
     from dflash_et.runtime.cost_curve import CostCurve
 
     monkeypatch.setattr(engine_module, "measure_cost_curve",
-                        lambda target, draft, max_block, *args: CostCurve([64], [[1.0] * max_block], [[0.5] * (max_block - 1)]))
+                        lambda target, draft, max_block, *args: CostCurve([64], [[1.0] * max_block], [[0.5] * (max_block - 1)],
+                                                                          programs=args[-1]))
     metrics, plots, curve = run_bench(programs, "auto", BenchConfig(num_prompts=3, long_prompts=2, max_new_tokens=12,
                                                                     latency_repeats=1, block_sizes=(2, 8, 32)))
     for key in ("tau", "speedup", "ar_tokens_per_s", "dflash_tokens_per_s", "block_size", "draft_ms_per_round",

@@ -11,9 +11,11 @@ from dflash_et.checkpoints.load import load_config, load_draft, load_target
 from dflash_et.checkpoints.zlab import draft_settings
 from dflash_et.errors import CheckpointError
 from dflash_et.models.dflash2 import convolve
-from dflash_et.runtime.sampling import Lattice, walk
+from dflash_et.runtime import native
+from dflash_et.runtime.sampling import Lattice
 from tests.tiny_checkpoints import DFLASH2, random_draft
 from tests.test_generate import models, prompts  # noqa: F401  (fixtures: the built-in random pair, its prompts)
+
 
 @pytest.fixture(scope="module")
 def dflash2(pair, tmp_path_factory):
@@ -24,6 +26,17 @@ def dflash2(pair, tmp_path_factory):
     settings = draft_settings(load_config(draft_dir))
     target = load_target(pair[0], settings.target_layer_ids, 128)
     return target, load_draft(draft_dir, target), DFlash2DraftModel.from_pretrained(draft_dir).eval(), settings
+
+
+def walk(lattice: Lattice, temperature: float = 0.0, generator: torch.Generator | None = None
+         ) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+    """The runners' walk (native.walk) as these tests read it: (path, the scores [P, k] each choice was made from,
+    sampled: the distributions over the candidates drawn from [P, k]), its draws seeded from `generator`."""
+    seed = int(torch.randint(0, 2**62, (), generator=generator)) if temperature > 0 else 0
+    vocab = int(lattice.candidates.max()) + 1
+    path, q, scores = native.walk(lattice.candidates, lattice.unary, lattice.pair, vocab, temperature, temperature > 0,
+                                  seed)
+    return path, scores, None if q is None else q.gather(1, lattice.candidates.long())
 
 
 def rounds(target, draft, zlab, settings, seed=0):

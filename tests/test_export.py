@@ -182,7 +182,6 @@ def test_program_without_its_ptd_is_a_clear_error(shared_programs, tmp_path):
 
 
 def test_merge_refuses_conflicting_tensors(shared_programs, tmp_path):
-    from executorch.exir._serialize._cord import Cord
     from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
     from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
 

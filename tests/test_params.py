@@ -9,7 +9,7 @@ import yaml
 
 from dflash_et.errors import ExportError, UserError
 from dflash_et.export.config import ExportConfig
-from dflash_et.params import SECTIONS as TOP_LEVEL, Model, parse
+from dflash_et.params import SECTIONS as TOP_LEVEL, Model, params, parse
 from dflash_et.evaluate.bench import BenchConfig
 from dflash_et.evaluate.peers import PeerConfig
 from dflash_et.evaluate.validate import Limits, ValidateConfig
@@ -34,7 +34,7 @@ OUTSIDE = {"train_draft": {"embed_scale", "max_seq_len"}}  # set from model.draf
 @pytest.fixture
 def repo_params(monkeypatch) -> dict:
     monkeypatch.chdir(REPO)  # the stages read params.yaml from the working directory, as under dvc
-    return common.params()
+    return params()
 
 
 def test_the_top_level_is_every_section_and_setting(repo_params):
@@ -113,8 +113,8 @@ def test_a_given_target_replaces_model_target_and_its_auto_prompt_sets(tmp_path,
     (tmp_path / "params.yaml").write_text("model: {target: builtin}\nbench: {prompts: auto}\n"
                                           "train_draft: {prompts: auto}\nvalidate: {prompt_set: builtin}\n")
     monkeypatch.chdir(tmp_path)
-    assert common.params()["bench"]["prompts"] == "builtin"
-    p = common.params("smollm2")
+    assert params()["bench"]["prompts"] == "builtin"
+    p = params("smollm2")
     assert p["model"].target == "smollm2" and p["bench"]["prompts"] == p["train_draft"]["prompts"] == "assistant"
     assert p["validate"]["prompt_set"] == "builtin"  # set, not auto
 
@@ -123,7 +123,7 @@ def test_an_unknown_section_is_refused_in_one_line(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text("block_size: 16\nbnech: {num_prompts: 2}\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"^bnech is not a section of params.yaml; it has block_size, model, "):
-        common.params()
+        params()
 
 
 @pytest.mark.parametrize("stage, section, argv", [

@@ -134,8 +134,7 @@ def test_export_gguf_on_a_checkpoint_llama_cpp_refuses_fails_in_one_line_and_lea
     from stages import common
 
     monkeypatch.setenv("DFLASH_ET_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(common, "params", lambda: {"export": {"gguf": True}})
-    monkeypatch.setattr(stages.package, "params", common.params)
+    monkeypatch.setattr(stages.package, "params", lambda: {"export": {"gguf": True}})
     build = tmp_path / "build"
     for kind in ("target", "draft"):  # the programs' build directories, as export leaves them
         (build / kind).mkdir(parents=True)

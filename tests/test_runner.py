@@ -18,11 +18,9 @@ from dflash_et import cli
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts
 from dflash_et.errors import ProgramError, UserError
-from dflash_et.runtime.adaptive import AdaptivePlanner
 from dflash_et.runtime.cost_curve import CostCurve
-from dflash_et.runtime.cost_curve import confidence as adaptive_confidence
 from dflash_et.runtime.cpp_runner import CppEngine
-from runner.bindings import CppPlanner, LlamaKernels
+from runner.bindings import LlamaKernels
 from dflash_et.runtime.engine import Engine
 from dflash_et.runtime.programs import DraftProgram, load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
@@ -203,7 +201,7 @@ def test_cli_runner_cpp(programs, runner, capsys):
     cpp, python, cpp6, sampled, other, again = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert cpp["tokens"] == python["tokens"] == cpp6["tokens"] and cpp["text"] == python["text"]
     assert sampled["tokens"] == again["tokens"] != other["tokens"] and (sampled["seed"], other["seed"]) == (3, 4)
-    with pytest.raises(SystemExit, match=r"error: .*target\.pte is not a cost curve \(expected"):
+    with pytest.raises(SystemExit, match=r"error: .*target\.pte is not a cost curve \(parse error at line 1"):
         cli.main(argv + ["--runner", "cpp", "--cost-curve", str(programs / "target.pte")])
 
 
@@ -228,69 +226,6 @@ def draft_logits(rng: random.Random, rows: int, sure: bool) -> torch.Tensor:
         c = (rng.randrange(4 * sure, 10) + 0.5) / 10 + rng.uniform(-0.02, 0.02)
         out[i, rng.randrange(PLAN_VOCAB)] = math.log(c * (PLAN_VOCAB - 1) / (1 - c))
     return out
-
-
-def test_the_runners_planner_makes_adaptive_pys_choices(runner, tmp_path):
-    """Both planners get the same rounds (generations that open, run and end; stretches where the draft is right
-    as sure as it is, and where it is wrong: plain steps and probes), the same draft logits and wall times: every
-    block and every verify count must agree, and what they learn, to the last digit."""
-    curve, path = scripted_curve(), tmp_path / "curve.json"
-    path.write_text(json.dumps(curve.to_dict()))
-    python, cpp = AdaptivePlanner(curve, 16), CppPlanner(path, "scripted", 16, runner.parent / "libdflash_planner.so")
-    rng = random.Random(0)
-    seen = Counter()
-    rounds = 0
-    while rounds < 1500:
-        pos, max_new = rng.randrange(8, 1000), rng.randrange(4, 90)  # some run into the cache's end (1024)
-        wrong = rng.random() < 0.3  # a draft wrong throughout this generation (another kind of text)
-        emitted = 1
-        while True:
-            room = min(16, max_new - emitted, 1024 - pos)
-            if room < 1:
-                break
-            rounds += 1
-            b = python.block(pos, room)
-            assert cpp.block(pos, room) == b, f"round {rounds}: block"
-            kind = "opening" if python._opening else "probe" if python._probing else "drafted"
-            seen["plain" if b == 1 else kind] += 1
-            k, accepted = 0, 0
-            if b > 1:
-                logits = draft_logits(rng, b - 1, sure=not wrong)
-                k = python.verify_count(logits, pos)
-                assert cpp.verify_count(logits, pos) == k, f"round {rounds}: verify count"
-                seen["confidence unread"] += not python._confidence
-                seen["fewer verified"] += k < b - 1
-                confidence = adaptive_confidence(logits)
-                while accepted < k and rng.random() < (0.05 if wrong else confidence[accepted]):
-                    accepted += 1
-            dear = (kind == "probe") * rng.uniform(0, 3) * curve.target(1, pos)  # its draft read a long context
-            seconds = (curve.target(k + 1, pos) + (b > 1) * curve.draft(max(b, 2), pos) + rng.uniform(0.2, 1.0) + dear) / 1000
-            gap = python.band.plain_left
-            python.observe(k, accepted, seconds)
-            cpp.observe(k, accepted, seconds)
-            seen["probe priced"] += python.band.plain_left > gap
-            assert cpp.learned() == (python.saving, python.per_call), f"round {rounds}: what it learned"
-            pos += accepted + 1
-            emitted += accepted + 1
-            if rng.random() < 0.04:  # end of text
-                break
-    assert min(seen.values()) >= 20 and len(seen) == 7, seen  # every kind of round, many times
-
-
-def test_the_runners_planner_refuses_curves_as_adaptive_py_does(runner, tmp_path):
-    library = runner.parent / "libdflash_planner.so"
-    path = tmp_path / "curve.json"
-    path.write_text(json.dumps(scripted_curve().to_dict()))
-    with pytest.raises(UserError) as theirs:
-        CostCurve.load(path, "other programs")
-    with pytest.raises(UserError) as ours:
-        CppPlanner(path, "other programs", 16, library)
-    assert str(ours.value) == str(theirs.value)
-    for text in ("{", '{"positions": [1], "target_ms": [[1, 2]]}', '{"positions": [1], "target_ms": [[1, 2]], '
-                 '"draft_ms": [[1]], "colour": 3}'):
-        path.write_text(text)
-        with pytest.raises(UserError, match=rf"^{path} is not a cost curve \(.+\); the bench stage writes one"):
-            CppPlanner(path, "", 16, library)
 
 
 def test_runner_auto_is_lossless_and_keeps_its_cost_curve(programs, runner, prompts, tmp_path):
@@ -363,31 +298,34 @@ def test_runner_samples_the_targets_distribution(kind, request, runner, prompts)
 # ------------------------------------------------------------------------------------------ DFlash2 drafts
 
 
-def test_the_runners_walk_through_a_lattice_is_sampling_pys(runner):
-    """Greedy, the path and the scores each choice was made from are sampling.walk's, digit for digit, on random
-    lattices whose pairwise scores decide it (left out, most paths change); argmax proposals at temperature > 0
-    walk the same path (q one-hot: none). Sampled, paths follow the exact law of a sampled walk (test_dflash2's
-    enumeration; chi-square), and each q row is its position's distribution after the candidate drawn before it."""
+def test_the_runners_walk_through_a_lattice():
+    """Greedy, each position's choice is the best score after the choice before it (checked position by position
+    against the scores it reports), and the pairwise scores decide paths (left out, most change); argmax proposals
+    at temperature > 0 walk the same path (q one-hot: none). Sampled, paths follow the exact law of a sampled walk
+    (test_dflash2's enumeration; chi-square), and each q row is its position's distribution after the candidate
+    drawn before it."""
     from dflash_et.evaluate.same_distribution import chi_square
-    from dflash_et.runtime.sampling import Lattice, walk
-    from runner.bindings import CppWalk
+    from dflash_et.runtime.native import walk
     from tests.test_dflash2 import toy_lattice
     from tests.test_sampling import V, toy_target
 
-    cpp, g, moved = CppWalk(runner.parent / "libdflash_sampling.so"), torch.Generator().manual_seed(0), 0
+    g, moved = torch.Generator().manual_seed(0), 0
     for _ in range(40):
-        lattice = Lattice(torch.randint(0, 100, (7, 6), generator=g), torch.randn(7, 6, generator=g),
-                          torch.randn(7, 6, 6, generator=g))
-        path, q, scores = cpp(lattice, 100)
-        theirs, their_scores, _ = walk(lattice)
-        assert (path, q) == (theirs, None) and torch.equal(scores, their_scores)
-        assert cpp(lattice, 100, temperature=0.7)[:2] == (theirs, None)
-        moved += walk(replace(lattice, pair=torch.zeros_like(lattice.pair)))[0] != path
+        candidates, unary, pair = (torch.randint(0, 100, (7, 6), generator=g), torch.randn(7, 6, generator=g),
+                                   torch.randn(7, 6, 6, generator=g))
+        path, q, scores = walk(candidates, unary, pair, 100)
+        chosen = 0
+        for p in range(7):
+            torch.testing.assert_close(scores[p], unary[p] + pair[p, chosen])
+            chosen = int(scores[p].argmax())
+            assert path[p] == candidates[p, chosen] and q is None
+        assert walk(candidates, unary, pair, 100, temperature=0.7)[:2] == (path, None)
+        moved += walk(candidates, unary, torch.zeros_like(pair), 100)[0] != path
     assert moved > 20, moved
     lattice, law = toy_lattice(3, toy_target(3), 0.9)
     seen = Counter()
     for seed in range(20000):
-        path, q, _ = cpp(lattice, V, temperature=0.9, sample=True, seed=seed)
+        path, q, _ = walk(lattice.candidates, lattice.unary, lattice.pair, V, temperature=0.9, sample=True, seed=seed)
         if tuple(path) not in seen:
             torch.testing.assert_close(q, law[tuple(path)][1], rtol=0, atol=1e-6)
         seen[tuple(path)] += 1

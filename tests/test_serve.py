@@ -347,7 +347,7 @@ def test_serve_refuses_what_it_cannot_serve_in_one_line(programs, runner, tmp_pa
     no_draft = tmp_path / "no-draft"
     shutil.copytree(programs, no_draft)
     (no_draft / "draft.pte").unlink()
-    for args, message in (((tmp_path, runner), "holds no readable export.json"),
+    for args, message in (((tmp_path, runner), r"export.json is missing: rebuild it \(`dvc repro package`"),
                           ((bare, runner), "has no chat template to render chats with"),
                           ((programs, runner, 0), "--workers must be at least 1"),
                           ((no_draft, runner), r"the C\+\+ worker did not start .+; run `.+ --worker")):

@@ -53,8 +53,8 @@ def test_a_missing_or_damaged_tokenizer_file_is_one_line_naming_it_and_the_fix(t
 
 
 @pytest.mark.parametrize("content, error", [
-    (None, r"^{path} is missing: rebuild the programs \(`dvc repro package`\) or pull them again \(`dvc pull`\)$"),
-    ('{"config": {"backend": ', r"^{path} is not JSON \(.*\): it is truncated or corrupt; rebuild the programs "),
+    (None, r"^{path} is missing: " + REBUILD),
+    ('{"config": {"backend": ', r"^{path} is not JSON \(.*\): it is truncated or corrupt; " + REBUILD),
     ('{"program": "target.pte"}', r"^{path} holds no export config: it was written by another tool, or is damaged; "),
 ])
 def test_a_missing_or_damaged_export_summary_is_one_line_naming_it_and_the_fix(tmp_path, content, error):
@@ -75,8 +75,8 @@ def test_damaged_shared_weights_are_named_not_the_program_that_reads_them(shared
     """(Missing shared weights: tests/test_host.py.)"""
     broken = shutil.copytree(shared_programs, tmp_path / "programs")
     (broken / "shared.ptd").write_bytes((shared_programs / "shared.ptd").read_bytes()[:1000])
-    error = rf"^{broken}/shared.ptd is not a readable weights file \(.*\): truncated or corrupt; rebuild it"
-    with pytest.raises(ProgramError, match=error + r" \(dvc repro\) or pull it again \(dvc pull\)$") as caught:
+    error = rf"^{broken}/shared.ptd is not a readable weights file \(.*\): truncated or corrupt; " + REBUILD
+    with pytest.raises(ProgramError, match=error) as caught:
         load_programs(broken)
     assert "\n" not in str(caught.value)
 

@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest

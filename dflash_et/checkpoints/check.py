@@ -7,8 +7,6 @@ on every fetch and every load.
 import json
 from pathlib import Path
 
-import torch
-from torch import nn
 
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import (build_draft, build_target, check_weights, checkpoint_id, header_shapes,

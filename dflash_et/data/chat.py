@@ -8,12 +8,9 @@ from pathlib import Path
 from tokenizers.decoders import DecodeStream
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from dflash_et.errors import UserError
+from dflash_et.errors import REBUILD, UserError
 
 
-# How to get a damaged or missing tokenizer file back, wherever the tokenizer was read from
-REBUILD = ("rebuild it (`dvc repro package` for artifacts/programs, `dvc repro fetch_target` for the target) or "
-           "pull it again (`dvc pull`)")
 # the tokenizer files transformers parses as JSON (package.TOKENIZER_FILES ships those the target has)
 JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "added_tokens.json")
 

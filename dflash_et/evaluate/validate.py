@@ -15,7 +15,7 @@ import torch
 
 from dflash_et.export.config import ExportConfig
 from dflash_et.export.loading import load_models
-from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner
+from dflash_et.runtime.adaptive import AUTO, auto_planner
 from dflash_et.runtime.cost_curve import measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id
@@ -134,7 +134,7 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
     planner = None
     if AUTO in blocks:
         curve = measure_cost_curve(target_p, draft_p, largest, max_seq_len, mask_token_id, chunk, repeats=1)
-        planner = AdaptivePlanner(curve, largest)
+        planner = auto_planner(curve, largest)
     taus: dict[int | str, list[float]] = {}
     matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):

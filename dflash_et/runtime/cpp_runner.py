@@ -3,10 +3,9 @@ with no Python between the program calls.
 
 `CppEngine` keeps one `dflash_runner --serve` process per programs directory, so that the programs load once
 and their caches stay warm across generations, as in the Python engine. The runner decodes at fixed blocks or
-`auto` (runner/src/planner.cpp: adaptive.py's planner, ported rule for rule, with its cost curve from the
-bench's file or measured by the runner), greedy or sampled by the same algorithm, with a DFlash draft or a
-DFlash2 one (its candidate lattice walked as `sampling.walk` does); its seeded generator is its own, so a seed
-gives other tokens than in the Python engine. `make runner` builds it (runner/toolchain.py).
+`auto` (runner/src/planner.cpp, the one planner both runners call, with its cost curve from the bench's file or
+measured by the runner), greedy or sampled by the same algorithm, with a DFlash draft or a DFlash2 one; its seeded
+generator is its own, so a seed gives other tokens than in the Python engine. `make runner` builds it (runner/toolchain.py).
 """
 
 import json
@@ -20,10 +19,10 @@ from dflash_et.errors import ProgramError, UserError
 from dflash_et.runtime.cost_curve import CostCurve
 from dflash_et.runtime.generate import Generation, OnTokens, Round
 from dflash_et.runtime.engine import BlockSize, check_block_size, recommended
+from dflash_et.runtime.native import BUILD, PACKAGE_CLONE
 from dflash_et.runtime.sampling import Sampler, Sampling
 
-BINARY = Path("runner") / "build" / "dflash_runner"  # where `make runner` leaves it, in the clone it runs in
-PACKAGE_CLONE = Path(__file__).resolve().parents[2]  # the clone this package is installed from (editable)
+BINARY = BUILD / "dflash_runner"  # where `make runner` leaves it, in the clone it runs in
 
 
 def find_runner() -> Path:

@@ -2,17 +2,19 @@
 
 Every limit comes from the programs' metadata (cache length, prefill chunk, EOS ids, mask token,
 max block), so the engine needs nothing but the programs directory. `block_size="auto"` adapts the
-block to this device (`adaptive.py`): its cost curve comes from a file the bench wrote, or is
+block to this device (`adaptive.py`, the C++ runner's planner): its cost curve comes from a file the bench wrote, or is
 measured on first use, and what the planner learns carries over from one generation to the next.
 """
 
 from dataclasses import asdict
+from functools import cached_property
 from pathlib import Path
 
 from dflash_et.errors import ProgramError
-from dflash_et.runtime.adaptive import AUTO, AdaptivePlanner, plans
+from dflash_et.runtime.adaptive import AUTO, auto_planner, plans
 from dflash_et.runtime.cost_curve import CostCurve, measure_cost_curve
-from dflash_et.runtime.generate import Generation, OnTokens, generate_ar, generate_dflash
+from dflash_et.runtime.generate import Generation, OnTokens, Planner, generate_ar, generate_dflash
+from dflash_et.runtime.native import programs_identity
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
 
@@ -47,12 +49,15 @@ class Engine:
         t, d = self.target.meta, self.draft.meta
         self.max_context_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
         self.mask_token_id, self.max_block_size = d.mask_token_id, d.max_block_len
-        # which programs these are, for a cost curve measured on them
-        self.identity = ":".join(str(x) for x in (t.checkpoint_id, d.draft_checkpoint_id, self.max_context_len,
-                                                  self.max_block_size, self.target.path.stat().st_size,
-                                                  self.draft.path.stat().st_size))
         self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None
-        self._planner: AdaptivePlanner | None = None
+        self._planner: Planner | None = None
+
+    @cached_property
+    def identity(self) -> str:
+        """Which programs these are, for a cost curve measured on them."""
+        t, d = self.target.meta, self.draft.meta
+        return programs_identity([t.checkpoint_id, d.draft_checkpoint_id, self.max_context_len, self.max_block_size,
+                                  self.target.path.stat().st_size, self.draft.path.stat().st_size])
 
     def check_block_size(self, block_size: BlockSize) -> BlockSize:
         return check_block_size(block_size, self.max_block_size, self.draft.path.name)
@@ -65,15 +70,13 @@ class Engine:
 
     def measure_cost_curve(self, repeats: int) -> CostCurve:
         """A new measurement of the cost per program call (it writes into the programs' caches: not mid-generation)."""
-        curve = measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_context_len, self.mask_token_id,
-                                   self.chunk, repeats)
-        curve.programs = self.identity
-        return curve
+        return measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_context_len, self.mask_token_id,
+                                  self.chunk, repeats, self.identity)
 
-    def planner(self) -> AdaptivePlanner:
+    def planner(self) -> Planner:
         """The planner of greedy generations, learning across them."""
         if self._planner is None:
-            self._planner = AdaptivePlanner(self.cost_curve(), self.max_block_size)
+            self._planner = auto_planner(self.cost_curve(), self.max_block_size)
         return self._planner
 
     def recommended(self, **overrides) -> Sampling:

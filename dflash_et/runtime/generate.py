@@ -33,7 +33,7 @@ OnTokens = Callable[[list[int]], None] | None  # called with each batch of newly
 
 
 class Planner(Protocol):
-    """Chooses each round's block and how many proposals to verify (`adaptive.AdaptivePlanner`)."""
+    """Chooses each round's block and how many proposals to verify (`adaptive.auto_planner`)."""
 
     def block(self, pos: int, room: int) -> int: ...  # the draft block (1: a plain step), at most room
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int: ...  # proposals to verify
@@ -161,7 +161,7 @@ class PathProposals:
     its scores are the planner's confidence."""
 
     def __init__(self, drafted: tuple[torch.Tensor, ...], sampler: Sampler, vocab_ids: torch.Tensor | None,
-                 vocab_size: int):
+                 vocab_size: int):  # vocab_ids: as LogitProposals' (the lattice's candidates are token ids already)
         self.path, self.q, self.scores = sampler.walk(Lattice(*drafted), vocab_size)
 
     def first(self, k: int) -> tuple[list[int], torch.Tensor | None]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_et.errors import ProgramError
+from dflash_et.errors import REBUILD, ProgramError
 from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD, DraftMeta, Metadata, TargetMeta
 from dflash_et.runtime.runtime_log import errors_only
 
@@ -46,15 +46,14 @@ def export_summary(programs_dir: Path) -> dict:
     """The programs' export.json (what package wrote: their export config, sizes), or one line that names it and
     how to get it back when it is missing or damaged."""
     path = programs_dir / "export.json"
-    fix = "rebuild the programs (`dvc repro package`) or pull them again (`dvc pull`)"
     try:
         summary = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ProgramError(f"{path} is missing: {fix}") from None
+        raise ProgramError(f"{path} is missing: {REBUILD}") from None
     except ValueError as e:
-        raise ProgramError(f"{path} is not JSON ({e}): it is truncated or corrupt; {fix}") from None
+        raise ProgramError(f"{path} is not JSON ({e}): it is truncated or corrupt; {REBUILD}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
-        raise ProgramError(f"{path} holds no export config: it was written by another tool, or is damaged; {fix}")
+        raise ProgramError(f"{path} holds no export config: it was written by another tool, or is damaged; {REBUILD}")
     return summary
 
 
@@ -75,8 +74,8 @@ class Program:
         try:
             self._method = self.program.load_method(self.METHOD)
         except RuntimeError as e:
-            hint = (f" (it needs its .ptd weights file, {pte.parent / 'shared.ptd'}, which is missing: rebuild the "
-                    "programs (dvc repro) or pull them again (dvc pull))") if ptd is None else ""
+            hint = (f" (it needs its .ptd weights file, {pte.parent / 'shared.ptd'}, which is missing: "
+                    f"{REBUILD})") if ptd is None else ""
             raise ProgramError(f"{pte}: cannot be loaded by executorch.runtime{hint}: {e}") from None
         self.meta = self.META.read(self.program, str(pte))
 
@@ -163,7 +162,7 @@ def _load(pte: Path, ptd: Path | None):
 
     errors_only()
     if not pte.is_file():
-        raise ProgramError(f"{pte} does not exist; run `dvc repro` (or `dvc pull`) to build the programs")
+        raise ProgramError(f"{pte} is missing: {REBUILD}")
     if ptd is not None and not ptd.is_file():
         raise ProgramError(f"{ptd} does not exist; {pte.name} keeps its weights there (export.shared_weights)")
     why = missing_backend(pte.parent)
@@ -174,8 +173,7 @@ def _load(pte: Path, ptd: Path | None):
     except RuntimeError as e:
         damaged = pte if ptd is None or not _loads(pte) else ptd  # the program loads alone: its weights are damaged
         what = "ExecuTorch program" if damaged == pte else "weights file"
-        raise ProgramError(f"{damaged} is not a readable {what} ({e}): truncated or corrupt; rebuild "
-                           "it (dvc repro) or pull it again (dvc pull)") from None
+        raise ProgramError(f"{damaged} is not a readable {what} ({e}): truncated or corrupt; {REBUILD}") from None
 
 
 def _loads(pte: Path) -> bool:

@@ -9,7 +9,7 @@ emitted token then has exactly the target's distribution (Leviathan et al. 2023;
 2023), whatever the draft proposes. With argmax proposals `q` is one-hot at `x`: the rule
 becomes "accept with probability p(x), else draw from p with x removed". A DFlash2 draft proposes its
 path through a lattice of candidates (`walk`): each position's q is its distribution over its candidates
-after the proposal before it, which the rule takes as it takes any q.
+after the proposal before it, which the rule takes as it takes any q (the walk is the C++ runner's, `native.walk`).
 
 Every draw comes from one seeded `torch.Generator`, so a seed fixes the tokens on given programs.
 """
@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
+
+from dflash_et.runtime import native
 
 PROPOSALS = ("argmax", "sample")  # how the draft's block becomes proposals at temperature > 0
 
@@ -130,24 +132,6 @@ class Lattice:
     pair: torch.Tensor
 
 
-def walk(lattice: Lattice, temperature: float = 0.0, generator: torch.Generator | None = None
-         ) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
-    """The path through the block: at each position the best-scoring candidate after the one chosen before it
-    (greedy), or one drawn from softmax(score / temperature) (sampled), as z-lab's `select`. Returns the path's
-    tokens, the scores [P, k] each choice was made from, and, sampled, the distributions drawn from [P, k]
-    (the proposals' q for rejection sampling)."""
-    chosen, path, scores, rows = 0, [], [], []
-    for p in range(len(lattice.candidates)):
-        scores.append(lattice.unary[p] + lattice.pair[p, chosen])
-        if temperature > 0:
-            rows.append(torch.softmax(scores[-1].float() / temperature, dim=-1))
-            chosen = int(torch.multinomial(rows[-1], 1, generator=generator))
-        else:
-            chosen = int(torch.argmax(scores[-1]))
-        path.append(int(lattice.candidates[p, chosen]))
-    return path, torch.stack(scores), torch.stack(rows) if rows else None
-
-
 class Sampler:
     """Chooses the tokens of one or more generations: greedily, or by sampling with a seeded generator."""
 
@@ -180,15 +164,15 @@ class Sampler:
         return vocab_ids[drawn].tolist(), q.new_zeros(len(q), vocab_size).index_copy_(1, vocab_ids, q)
 
     def walk(self, lattice: Lattice, vocab_size: int) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
-        """A DFlash2 draft's proposals: its path through `lattice` (`walk`), greedy for argmax
-        proposals, drawn at the sampling temperature for sampled ones; their q [P, V] (each position's
-        distribution over its candidates; None for greedy) and the scores [P, k] each choice was made from."""
-        if self.sampling.greedy or self.sampling.proposals == "argmax":
-            path, scores, _ = walk(lattice)
-            return path, None, scores
-        path, scores, rows = walk(lattice, self.sampling.temperature, self.generator)
-        q = torch.zeros(len(path), vocab_size, dtype=rows.dtype).scatter_(1, lattice.candidates, rows)
-        return path, q, scores
+        """A DFlash2 draft's proposals: its path through `lattice` as the runner's sampler walks it (`native.walk`:
+        at each position the best-scoring candidate after the one chosen before it, or one drawn from
+        softmax(score / temperature) for sampled proposals, as z-lab's `select`), its draws seeded from this
+        sampler's generator; their q [P, V] (each position's distribution over its candidates; None for greedy) and
+        the scores [P, k] each choice was made from."""
+        sampled = not self.sampling.greedy and self.sampling.proposals == "sample"
+        seed = int(torch.randint(0, 2**62, (), generator=self.generator)) if sampled else 0
+        return native.walk(lattice.candidates, lattice.unary, lattice.pair, vocab_size, self.sampling.temperature,
+                           sampled, seed)
 
     def verify(self, proposals: list[int], q: torch.Tensor | None, logits: torch.Tensor) -> tuple[int, int]:
         """(accepted, next): how many proposals the target's logits [n+1, V] accept, and the token after them."""

@@ -17,6 +17,9 @@ autocast, and no host synchronisation per step (losses are read every LOG_EVERY 
 measured on the host, by the eager reference decoding. Data-parallel under `torchrun` through
 DistributedDataParallel (gloo on CPU, NCCL on GPUs): each rank draws different sequences and anchors; DDP
 averages the gradients.
+
+(Over 300 lines: the run's phases, data, fit, evaluation and the card, share one clock, config and log, and run
+once each, in order; split into modules, each would take most of them as arguments.)
 """
 
 import copy
@@ -127,8 +130,9 @@ def planned_steps(config: TrainConfig, draft: Draft) -> int:
     return max(1, min(config.steps, int(config.compute_budget // step_macs(config, draft))))
 
 
-def _check_mask_token(target_dir: Path, mask: int, vocab_size: int) -> None:
-    if not 0 <= mask < vocab_size:
+def _check_mask_token(target_dir: Path, mask: int | None, vocab_size: int) -> None:
+    """A mask token given in train_draft (None: the tokenizer's choice) must be one of the target's embedding rows."""
+    if mask is not None and not 0 <= mask < vocab_size:
         raise ValueError(f"train_draft.mask_token_id={mask} is outside the target {target_dir}'s {vocab_size} "
                          "embedding rows; pick one inside, or null to choose it from the tokenizer")
 
@@ -278,18 +282,31 @@ def _prompts(config: TrainConfig, tok, model, device: torch.device, log, deadlin
     return heldout, train, counts
 
 
+def _card(config: TrainConfig, target_dir: Path, data: list[Sequence], mask_id: int, counts: dict, heldout: int,
+          fitted: Fitted, tau_before: float, tau_after: float) -> dict:
+    """The draft's card (train_draft.json): what it was trained on, and held-out tau before, during and after."""
+    reply_tokens = sum(len(s.tokens) - s.prompt_len for s in data)
+    return {"steps": len(fitted.losses), "final_loss": fitted.losses[-1], "heldout_tau_untrained": tau_before,
+            "heldout_tau": tau_after, "target_checkpoint_id": checkpoint_id(target_dir),
+            "train_sequences": len(data), "mask_token_id": mask_id,
+            "data": {"prompts": counts, "sequences": len(data), "reply_tokens": reply_tokens,
+                     "heldout_prompts": heldout},
+            "curve": [{"step": 0, "rows": 0, "loss": None, "heldout_tau": tau_before}, *fitted.curve,
+                      {"step": len(fitted.losses), "rows": fitted.rows, "loss": fitted.losses[-1],
+                       "heldout_tau": tau_after}],
+            "config": asdict(config)}
+
+
 def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.device, rank: int, distributed: bool,
            log, live_dir: Path) -> dict:
     clock = Clock(config.minutes)
     torch.manual_seed(config.seed)
-    num_layers = load_config(target_dir).num_hidden_layers
-    target = load_target(target_dir, zlab.default_target_layer_ids(num_layers, config.num_layers), config.max_seq_len)
-    if config.mask_token_id is not None:
-        _check_mask_token(target_dir, config.mask_token_id, target.args.vocab_size)
+    layers = zlab.default_target_layer_ids(load_config(target_dir).num_hidden_layers, config.num_layers)
+    target = load_target(target_dir, layers, config.max_seq_len)
+    _check_mask_token(target_dir, config.mask_token_id, target.args.vocab_size)
     draft_cfg, draft = new_draft(target_dir, target, config)
     mask_id = draft_cfg["dflash_config"]["mask_token_id"]
-    eos, tok = set(eos_ids(target_dir)), tokenizer(target_dir)
-    model = reply_model(target_dir, device)
+    eos, tok, model = set(eos_ids(target_dir)), tokenizer(target_dir), reply_model(target_dir, device)
     since = clock.add("loading", clock.start)
     # with `minutes`, the data phases stop starting batches at a fifth and at half of the run: training gets the rest
     heldout_rows, train_rows, counts = _prompts(config, tok, model, device, log, clock.until(0.2))
@@ -306,8 +323,8 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
     tau_before = acceptance(target, draft, heldout, eos, config, mask_id, "untrained")
     since = clock.add("evaluation", since)
     steps = planned_steps(config, draft)
-    log(f"[train_draft] {steps} steps of {step_macs(config, draft):.2e} MACs"
-        + (f" (compute_budget {config.compute_budget:.2e})" if steps < config.steps else "")
+    budget = f" (compute_budget {config.compute_budget:.2e})" if steps < config.steps else ""
+    log(f"[train_draft] {steps} steps of {step_macs(config, draft):.2e} MACs{budget}"
         + (f", or fewer: {config.minutes:.1f} minutes in all" if config.minutes is not None else ""))
     trainee = draft if device.type == "cpu" else copy.deepcopy(draft).to(device)
 
@@ -326,15 +343,7 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
     tau_after = evaluate()
     log(f"[train_draft] held-out tau {tau_before:.2f} -> {tau_after:.2f} after {len(fitted.losses)} steps "
         f"({fitted.rows / clock.seconds['training']:.0f} block rows/s; {time.perf_counter() - clock.start:.0f} s)")
-    report = {"steps": len(fitted.losses), "final_loss": fitted.losses[-1], "heldout_tau_untrained": tau_before,
-              "heldout_tau": tau_after, "target_checkpoint_id": checkpoint_id(target_dir),
-              "train_sequences": len(data), "mask_token_id": mask_id,
-              "data": {"prompts": counts, "sequences": len(data), "reply_tokens": reply_tokens,
-                       "heldout_prompts": len(heldout)},
-              "curve": [{"step": 0, "rows": 0, "loss": None, "heldout_tau": tau_before}, *fitted.curve,
-                        {"step": len(fitted.losses), "rows": fitted.rows, "loss": fitted.losses[-1],
-                         "heldout_tau": tau_after}],
-              "config": asdict(config)}
+    report = _card(config, target_dir, data, mask_id, counts, len(heldout), fitted, tau_before, tau_after)
     if live:  # the run's summary (metrics.json): what `dvc exp show` lists as train_draft's metrics
         for key in ("heldout_tau_untrained", "heldout_tau", "final_loss", "steps", "train_sequences"):
             live.summary[key] = report[key]

@@ -21,34 +21,6 @@ std::vector<int64_t> positions(int64_t start, int64_t length) {
   return out;
 }
 
-// A planner that runs `per_block` rounds of each block B = max_block..1 (or 1..max_block), verifying every
-// proposal, then plain steps; it times reading the draft's confidence in the largest block (adaptive._Sweep).
-class Sweep : public RoundPlanner {
- public:
-  Sweep(int64_t max_block, int64_t per_block, bool descending) : max_block_(max_block) {
-    for (int64_t i = 0; i < max_block; ++i) blocks.insert(blocks.end(), per_block, descending ? max_block - i : i + 1);
-  }
-  int64_t block(int64_t pos, int64_t room) override {
-    ++rounds_;
-    return rounds_ <= static_cast<int64_t>(blocks.size()) ? std::min(blocks[rounds_ - 1], room) : 1;
-  }
-  int64_t verify_count(const float* logits, int64_t rows, int64_t vocab, int64_t pos) override {
-    if (rows == max_block_ - 1) {
-      const double t0 = now();
-      confidence(logits, rows, vocab);
-      confidence_ms.push_back(1000 * (now() - t0));
-    }
-    return rows;
-  }
-  void observe(int64_t verified, int64_t accepted) override {}
-
-  std::vector<int64_t> blocks;
-  std::vector<double> confidence_ms;
-
- private:
-  int64_t max_block_, rounds_ = 0;
-};
-
 // Greedy verification (its host work) that accepts no proposal: each round moves one position on.
 class AcceptNone : public Sampler {
  public:
@@ -58,12 +30,6 @@ class AcceptNone : public Sampler {
     return {0, argmax(logits, 1, vocab)[0]};
   }
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 }  // namespace
 
@@ -91,12 +57,10 @@ Pair::Pair(const std::string& dir) {
              draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0,
              draft_->has(meta::kSelectorTopK) ? draft_->integer(meta::kSelectorTopK) : 0,
              draft_->has(meta::kVocabIds) ? draft_->integers(meta::kVocabIds) : std::vector<int64_t>{}};
-  for (const int64_t part : {target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
-                             limits_.max_context_len, limits_.max_block,
-                             static_cast<int64_t>(std::filesystem::file_size(target_->path())),
-                             static_cast<int64_t>(std::filesystem::file_size(draft_->path()))}) {
-    identity_ += (identity_.empty() ? "" : ":") + std::to_string(part);
-  }
+  identity_ = programs_identity({target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
+                                 limits_.max_context_len, limits_.max_block,
+                                 static_cast<int64_t>(std::filesystem::file_size(target_->path())),
+                                 static_cast<int64_t>(std::filesystem::file_size(draft_->path()))});
 }
 
 const CostCurve& Pair::cost_curve(int64_t repeats) {
@@ -108,38 +72,19 @@ const CostCurve& Pair::cost_curve(int64_t repeats) {
 }
 
 CostCurve Pair::measure_cost_curve(int64_t repeats) {
-  const int64_t max_block = limits_.max_block, max_seq_len = limits_.max_context_len;
-  const int64_t per_block = std::max<int64_t>(1, std::min<int64_t>(3, (max_seq_len - 1) / max_block));
-  const int64_t span = per_block * max_block;  // positions a sweep moves on, one per round
-  // Sweeps alternate the order where the cache has room for an ascending one (measure_cost_curve says why).
-  const bool both = max_seq_len - span - max_block >= 1;
-  const int64_t last = std::max<int64_t>(max_seq_len - span - both * max_block, 1);
-  const std::set<int64_t> positions{std::min<int64_t>(64, last), std::max<int64_t>(last / 2, 1), last};
-  CostCurve curve;
-  std::vector<double> confidence_ms;
-  for (const int64_t pos : positions) {
-    std::vector<std::vector<double>> target_times(max_block), draft_times(max_block - 1);  // [T - 1], [B - 2]
-    for (int64_t sweep = 0; sweep <= repeats; ++sweep) {  // the first sweep warms up and is dropped
-      Sweep plan(max_block, per_block, !both || sweep % 2 == 1);
+  CostSweep sweep(limits_.max_block, limits_.max_context_len, repeats);
+  for (size_t start = 0; start < sweep.starts.size(); ++start) {
+    for (int64_t n = 0; n < sweep.sweeps(); ++n) {
+      Sweep plan = sweep.planner(n);
       AcceptNone sampler;
-      const Generation out = decode(std::vector<int64_t>(pos, 0), span + both * max_block + 1, max_block, sampler,
-                                    &plan, {});
-      for (size_t i = 0; i < std::min(plan.blocks.size(), out.rounds.size()); ++i) {
-        const int64_t b = plan.blocks[i];
-        if (sweep && (i % per_block || per_block == 1)) {
-          target_times[b - 1].push_back(1000 * out.rounds[i].verify_s);
-          if (b > 1) draft_times[b - 2].push_back(1000 * out.rounds[i].draft_s);
-        }
-      }
-      if (sweep) confidence_ms.insert(confidence_ms.end(), plan.confidence_ms.begin(), plan.confidence_ms.end());
+      const Generation out = decode(std::vector<int64_t>(sweep.starts[start], 0), sweep.tokens, limits_.max_block,
+                                    sampler, &plan, {});
+      std::vector<double> verify_s, draft_s;
+      for (const Round& r : out.rounds) verify_s.push_back(r.verify_s), draft_s.push_back(r.draft_s);
+      sweep.record(start, n, plan, verify_s, draft_s);
     }
-    curve.positions.push_back(pos + span / 2);
-    curve.target_ms.push_back(typical(target_times));
-    curve.draft_ms.push_back(typical(draft_times));
   }
-  curve.programs = identity_;
-  curve.confidence_ms = confidence_ms.empty() ? 0.0 : median(confidence_ms);
-  return curve;
+  return sweep.curve(identity_);
 }
 
 std::optional<Sampling> Pair::recommended() const {
@@ -242,8 +187,9 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
                         Sampler& sampler, const OnTokens& on_tokens) {
   check(prompt, max_new_tokens);
   if (block == kAuto) {
-    if (sampler.greedy() && !planner_) planner_ = std::make_unique<AdaptivePlanner>(cost_curve(), limits_.max_block);
-    return decode(prompt, max_new_tokens, limits_.max_block, sampler, sampler.greedy() ? planner_.get() : nullptr,
+    const bool plan = planned(true, sampler.greedy());
+    if (plan && !planner_) planner_ = std::make_unique<AdaptivePlanner>(cost_curve(), limits_.max_block);
+    return decode(prompt, max_new_tokens, limits_.max_block, sampler, plan ? planner_.get() : nullptr,
                   limits_.eos_ids, on_tokens);
   }
   if (block < 2 || block > limits_.max_block) {

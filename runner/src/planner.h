@@ -1,7 +1,30 @@
-// block_size: auto in the C++ runner: dflash_et/runtime/adaptive.py's planner, ported rule for rule (the
-// same constants, the same order of operations, in doubles as Python's floats are), so that on the same
-// rounds both choose the same blocks and verify counts (tests/test_runner.py drives the two in lockstep,
-// this one through planner_check.cpp). adaptive.py's docstrings say why each rule is what it is.
+// Adaptive verify length (`block_size: auto`): how many proposals each round drafts and verifies. The one
+// planner of both runners: the C++ runner calls it directly, the Python engine through the host library's C API
+// (host_api.cpp, dflash_et/runtime/native.py), so a rule changes here alone.
+//
+// A round that drafts a block of B and verifies its first k proposals costs draft(B) + target(k + 1) on this
+// device (`CostCurve`, measured once, at the round's cache position) and emits on average
+//     E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 a_2 ... a_k
+// tokens, a_i being the chance the target accepts proposal i once it accepted those before it.
+// - Per round, the draft's probability of its top token at each position, through `Calibration` (learned online
+//   from what the target accepts), gives a_i, and the round verifies the k with the most expected tokens per ms,
+//   its draft call included.
+// - The block B is the one that would have given the most tokens per ms over the last rounds, judged by what the
+//   target accepted in them; it is decided anew every 4th round. A generation's first round (its opening) takes
+//   the block its last openings would have done best with: there the reply often goes as the prompt leads, so one
+//   block for all rounds is too short for openings or too long for the rest (docs/measurements.md#adaptive-planner).
+// - When both the last few rounds and the window say a plain target step (B = 1) gives more, it decodes plainly
+//   and probes the draft again after 2, 4, ... 32 plain steps, each stretch as many times longer as the probe
+//   before it cost beyond the plain steps it stood for (a probe after a long prompt makes the draft read all of it
+//   first): a draft that never helps costs at most a 32nd of decoding's time, and one that starts helping again
+//   is back as soon as the last few rounds say so. A few bad rounds in a row alone do not stop it.
+// - All it learns of the draft is kept per band of context (`band_of` the position a generation opens at,
+//   doubling): a draft trained on short chats accepts nothing after a document, and one state for both let long
+//   prompts draft on what short ones had earned while short ones fell back after them
+//   (docs/measurements.md#auto-per-band-of-context-2026-12-05). A band not seen yet starts from the nearest seen.
+// k depends on the draft's probabilities only, never on the tokens a round samples, so verifying any prefix keeps
+// DFlash exact. Decisions use the cost curve plus what rounds take beyond it (learned from their wall times), so
+// they vary from run to run; the tokens do not.
 #pragma once
 
 #include <cstdint>
@@ -12,47 +35,23 @@
 #include <utility>
 #include <vector>
 
+#include "cost_curve.h"
+#include "round_planner.h"
+
 namespace dflash {
 
-// Seconds on a steady clock (every timing of the runner).
-double now();
-
-// Milliseconds per program call on one device, at a few cache positions, interpolated between them as
-// np.interp does (cost_curve.CostCurve; the same JSON file, reports/cost_curve.json).
-struct CostCurve {
-  std::vector<int64_t> positions;
-  std::vector<std::vector<double>> target_ms;  // [position][T - 1]: a target call of T = 1..max_block tokens
-  std::vector<std::vector<double>> draft_ms;   // [position][B - 2]: a draft call with a block of B = 2..max_block
-  std::string programs;                        // which programs were timed (Pair::identity)
-  double confidence_ms = 0;                    // reading the draft's confidence in a block of max_block
-
-  int64_t max_block() const { return target_ms[0].size(); }
-  double target(int64_t tokens, int64_t pos) const;
-  double draft(int64_t block, int64_t pos) const;
-  std::string to_json() const;  // exact: doubles with 17 digits
-  // The curve in `path`, checked to be of `programs`; UserError (one line) otherwise.
-  static CostCurve load(const std::string& path, const std::string& programs);
-};
-
-// The draft's probability of its top token in each row of its logits [rows, vocab].
-std::vector<double> confidence(const float* logits, int64_t rows, int64_t vocab);
-// Per length, the mean of the middle half of its times, then no length dearer than a longer one
-// (cost_curve._typical).
-std::vector<double> typical(const std::vector<std::vector<double>>& times);
 // E(k) for k = 0..n: tokens a round emits on average when it verifies the first k of n proposals.
 std::vector<double> expected_tokens(const std::vector<double>& acceptance);
 
-// Chooses each round's block and how many proposals to verify (generate.py's Planner): Pair::dflash asks
-// block() before a round, verify_count() once the draft proposed, observe() once the target verified.
-class RoundPlanner {
- public:
-  virtual ~RoundPlanner() = default;
-  virtual int64_t block(int64_t pos, int64_t room) = 0;  // the draft block (1: a plain step), at most room
-  virtual int64_t verify_count(const float* logits, int64_t rows, int64_t vocab, int64_t pos) = 0;
-  virtual void observe(int64_t verified, int64_t accepted) = 0;
-};
+// Whether a generation is planned round by round: greedy auto. Sampled, auto keeps the largest block: its
+// choices (device timings, what it learned) would decide which random draws a round makes, and a seed must give
+// the same tokens on every run.
+bool planned(bool is_auto, bool greedy);
 
-// P(the target accepts a proposal | the draft's confidence there), by bins, learned online (adaptive.Calibration).
+// P(the target accepts a proposal | the draft's confidence there), by bins of that confidence, learned online.
+// Each bin starts from `prior_weight` pseudo-observations at its own centre (a calibrated draft); what rounds show
+// is discounted by `memory` per round, so that it follows a draft that goes from right to wrong (another kind of
+// text) within tens of rounds, not hundreds.
 class Calibration {
  public:
   explicit Calibration(int bins = 10, double prior_weight = 1.0, double memory = 0.95);
@@ -68,7 +67,9 @@ class Calibration {
 };
 
 // E(k) rows of the last `size` rounds, summed over all of them (total) and over the last `react` (lately),
-// starting from one prior row, which the first row replaces when it is `borrowed` (adaptive._Window).
+// starting from one prior row (what the planner believes before any round), so that the first rounds it sees
+// weigh as much as they say: from a full window of prior rows, a draft that never accepted in a new context drafted
+// tens of rounds before the window let it stop. A prior `borrowed` from another band is replaced by the first row.
 class Window {
  public:
   Window(const std::vector<double>& row, size_t size, size_t react);
@@ -86,7 +87,8 @@ class Window {
 constexpr int64_t kBand = 128;
 int64_t band_of(int64_t pos);
 
-// What the planner knows of the draft in one band of context (adaptive._Band).
+// What the planner knows of the draft in one band of context: how often the target accepts its proposals (by
+// confidence and by position), the windows of rounds (openings and later ones), and whether it is falling back.
 struct Band {
   Band(Calibration calibration, std::vector<double> position_rate, const std::vector<double>& later,
        const std::vector<double>& openings, size_t window, size_t react, int64_t chosen);
@@ -100,7 +102,11 @@ struct Band {
   bool falling_back = false;
 };
 
-// adaptive.AdaptivePlanner: per-round choices for one stream of generations, learning across them.
+// Per-round choices for one stream of generations, learning across them (the rules at the top of this file).
+// Reading the draft's confidence costs host time (a softmax over the vocabulary, CostCurve::confidence_ms): while
+// choosing k has lately saved less than that, a round verifies all its proposals, and only probes and every 8th
+// round read it. A round that ends its generation (end of text, max tokens) is counted once the next round shows
+// it did: a longer block would have emitted nothing more there.
 class AdaptivePlanner : public RoundPlanner {
  public:
   AdaptivePlanner(CostCurve curve, int64_t max_block, size_t window = 32, size_t react = 4, int64_t max_probe_gap = 32,
@@ -115,7 +121,7 @@ class AdaptivePlanner : public RoundPlanner {
   double per_call() const { return per_call_; }
 
  private:
-  // What adaptive.py's _commit keeps until the next round shows whether the generation went on.
+  // The last round's row, kept until the next round shows whether the generation went on (commit).
   struct Pending {
     int64_t accepted;
     std::vector<double> row;

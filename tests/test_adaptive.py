@@ -269,3 +269,32 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
     small = cost_curve.measure_cost_curve(timed_target, draft, 8, 10, MASK, 16, repeats=1)
     assert all(p + t <= 10 for t, p in calls) and [t for t, _ in calls][-8:] == list(range(8, 0, -1))
     assert all(len(row) == 8 and all(x > 0 for x in row) for row in small.target_ms)
+
+
+def test_without_a_compiler_auto_says_in_one_line_how_to_get_the_planner(monkeypatch, tmp_path):
+    """No cmake and no runner/ sources to build the host library from, none installed: one line with the fix."""
+    from dflash_et.runtime import native
+
+    monkeypatch.delenv("DFLASH_HOST_LIBRARY", raising=False)
+    monkeypatch.setattr(native, "PACKAGE_CLONE", tmp_path)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(UserError, match=r"^block_size auto and DFlash2 drafts need the runner's host library "
+                                        r"\(libdflash_host.so\), .*run `make runner` in a clone"):
+        native.find_library()
+
+
+def test_a_failed_build_of_the_planner_is_the_toolchains_one_line(monkeypatch, tmp_path):
+    """The toolchain's own `error: ...` line (here a stand-in's) becomes the UserError, without its prefix."""
+    from dflash_et.runtime import native
+
+    (tmp_path / "runner").mkdir()
+    (tmp_path / "runner" / "CMakeLists.txt").write_text("")
+    (tmp_path / "runner" / "__init__.py").write_text("")
+    (tmp_path / "runner" / "toolchain.py").write_text(
+        "import sys\nsys.exit('error: building the C++ runner failed (`cmake --build`); its output is in build.log')\n")
+    monkeypatch.delenv("DFLASH_HOST_LIBRARY", raising=False)
+    monkeypatch.setattr(native, "PACKAGE_CLONE", tmp_path)
+    monkeypatch.setattr(native.shutil, "which", lambda name: "/usr/bin/cmake")
+    with pytest.raises(UserError, match=r"^building the C\+\+ runner failed \(`cmake --build`\); its output is in "
+                                        r"build.log$"):
+        native.find_library()

@@ -3,9 +3,11 @@
 Stages and the CLI turn these into `error: ...` and a non-zero exit instead of a traceback.
 """
 
-# How to get a missing or damaged shipped file back: the programs and what ships beside them, or the target's files.
-REBUILD = ("rebuild it (`dvc repro package` for artifacts/programs, `dvc repro fetch_target` for the target) or "
-           "pull it again (`dvc pull`)")
+from pathlib import Path
+
+# How to get a missing or damaged shipped file back (the programs and what ships beside them, or the target's
+# files), worded once for both runners: the C++ runner's build reads the same file (runner/CMakeLists.txt).
+REBUILD = (Path(__file__).parent / "rebuild.txt").read_text().strip()
 
 
 class UserError(ValueError):

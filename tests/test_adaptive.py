@@ -283,6 +283,21 @@ def test_without_a_compiler_auto_says_in_one_line_how_to_get_the_planner(monkeyp
         native.find_library()
 
 
+def test_without_cmake_a_clone_uses_the_library_built_there(monkeypatch, tmp_path):
+    """A clone whose runner was built (`make runner`) on a machine that now has no cmake: that library, not a
+    refusal (nothing can check it is up to date, and nothing else could be used)."""
+    from dflash_et.runtime import native
+
+    built = tmp_path / native.BUILD / native.LIBRARY
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")
+    (tmp_path / "runner" / "CMakeLists.txt").write_text("")
+    monkeypatch.delenv("DFLASH_HOST_LIBRARY", raising=False)
+    monkeypatch.setattr(native, "PACKAGE_CLONE", tmp_path)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    assert native.find_library() == built
+
+
 def test_a_failed_build_of_the_planner_is_the_toolchains_one_line(monkeypatch, tmp_path):
     """The toolchain's own `error: ...` line (here a stand-in's) becomes the UserError, without its prefix."""
     from dflash_et.runtime import native

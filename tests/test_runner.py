@@ -17,12 +17,12 @@ import torch
 from dflash_et import cli
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts
-from dflash_et.errors import ProgramError, UserError
+from dflash_et.errors import REBUILD, ProgramError, UserError
 from dflash_et.runtime.cost_curve import CostCurve
 from dflash_et.runtime.cpp_runner import CppEngine
 from runner.bindings import LlamaKernels
 from dflash_et.runtime.engine import Engine
-from dflash_et.runtime.programs import DraftProgram, load_programs
+from dflash_et.runtime.programs import DFlash2DraftProgram, load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
 from tests.tiny_programs import MAX_SEQ_LEN
 
@@ -348,13 +348,13 @@ def test_greedy_dflash2_through_the_runner_is_plain_greedy_decoding(trained_dfla
     assert [g.tokens for g in auto] == plain and any(r.verified for g in auto for r in g.rounds)  # it drafted
     assert sum(r.accepted for g in ours.values() for r in g.rounds) > 50
 
-    walked = DraftProgram.__call__
+    walked = DFlash2DraftProgram.__call__
 
     def top_logits(self, *args):  # the draft's lattice without its pairwise scores
         candidates, unary, pair = walked(self, *args)
         return candidates, unary, torch.zeros_like(pair)
 
-    monkeypatch.setattr(DraftProgram, "__call__", top_logits)
+    monkeypatch.setattr(DFlash2DraftProgram, "__call__", top_logits)
     blind = {(i, b): python.dflash(prompts[i], 24, b) for i, b in ours}
     assert any([(r.verified, r.accepted) for r in blind[key].rounds] != [(r.verified, r.accepted) for r in g.rounds]
                for key, g in ours.items())
@@ -380,7 +380,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, message: str) -> 
 def test_runner_bad_inputs_are_one_line_errors(runner, programs, shared_programs, mixed_programs, tmp_path):
     prompt = "--prompt-ids", "1,2,3"
     assert_one_line_error(run_binary(runner, tmp_path / "none", *prompt),
-                          f"{tmp_path}/none/target.pte does not exist; build the programs (dvc repro)")
+                          f"{tmp_path}/none/target.pte is missing: {REBUILD}")
     no_ptd = tmp_path / "no-ptd"
     shutil.copytree(shared_programs, no_ptd)
     (no_ptd / "shared.ptd").unlink()
@@ -394,7 +394,7 @@ def test_runner_bad_inputs_are_one_line_errors(runner, programs, shared_programs
     assert_one_line_error(run_binary(runner, swapped, *prompt), "target.pte has no target method: it was exported by "
                           "another tool or an older dflash-et; re-export it (dvc repro)")
     assert_one_line_error(run_binary(runner, lone, *prompt), "has no draft.pte, and its target.pte no 'draft' method "
-                          "(export.layout single puts the draft there)")
+                          f"(export.layout single puts the draft there): {REBUILD}")
     too_long = ",".join(["1"] * (MAX_SEQ_LEN + 1))
     assert_one_line_error(run_binary(runner, programs, "--prompt-ids", too_long), "shorten the prompt")
     assert_one_line_error(run_binary(runner, programs, *prompt, "--block-size", "99"), "block size 99 is outside 2..")
@@ -426,7 +426,7 @@ def test_damaged_programs_are_named_in_cpp_and_python(runner, programs, tmp_path
     message = f"{broken}/target.pte is not a readable ExecuTorch program"
     result = run_binary(runner, broken, "--prompt-ids", "1,2,3")
     assert_one_line_error(result, message)
-    assert "truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)" in result.stderr
+    assert result.stderr.strip().endswith(f"truncated or corrupt; {REBUILD}")  # the Python runner's wording
     with pytest.raises(ProgramError, match=f"{message} .*: truncated or corrupt"):
         load_programs(broken)
     with pytest.raises(ProgramError, match=message):

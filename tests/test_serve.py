@@ -430,6 +430,9 @@ def test_the_worker_stops_at_a_cancellation_or_a_stop_string(programs, runner):
         cut, stopped = ask({"prompt": prompt, "max_new_tokens": 40, "stop": [stop], "cancel_request_id": 3})
         assert stop in "".join(cut) and "".join(whole).startswith("".join(cut))
         assert stopped["finish_reason"] == "stop" and stopped["completion_tokens"] < done["completion_tokens"]
+        plain = done["generated_token_ids"]  # counted up to the token whose text completes the stop string
+        assert stopped["completion_tokens"] == next(n for n in range(1, len(plain) + 1)
+                                                    if stop in tok.decode(plain[:n], skip_special_tokens=True))
         assert not stopped["generated_token_ids"] and not stopped["cancelled"]
         assert "".join(ask({"prompt": prompt, "max_new_tokens": 40, "cancel_request_id": 4})[0]) == "".join(whole)
 

@@ -2,6 +2,10 @@
 
 Loading is strict (every parameter present with its shape, nothing extra), so a checkpoint that
 does not match its config fails here with a one-line error instead of computing garbage.
+
+(Over 300 lines: twenty short readers of one checkpoint directory (config, generation settings, weight headers,
+weights, fingerprint); `load_target` and `load_draft` use nearly all of them, so split by kind every part would
+be imported by the same two functions.)
 """
 
 import hashlib

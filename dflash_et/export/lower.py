@@ -9,7 +9,7 @@ too, as upstream's DFlash example does, storing the weights they share once.
 
 import logging
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from dflash_et.files import write_json
 from dflash_et.metadata import DRAFT_METHOD, STOCK_METHOD, TARGET_METHOD, method_name
 from dflash_et.models.draft import Draft
 from dflash_et.models.mlx_ops import ensure_mlx_backend
-from dflash_et.models.target import Target
+from dflash_et.models.target import LogitsOnly, Target
 
 logger = logging.getLogger(__name__)
 
@@ -76,19 +76,6 @@ def _edge_options(backend: str) -> dict:
     return {"compile_config": EdgeCompileConfig(_check_ir_validity=False)}
 
 
-@contextmanager
-def _returning_taps(model: torch.nn.Module, taps: bool | None):
-    """A target exported for one of its methods: with the taps (`target`) or logits alone (`forward`)."""
-    if taps is None:  # a draft
-        yield
-        return
-    model.return_taps = taps
-    try:
-        yield
-    finally:
-        model.return_taps = True
-
-
 class _Within(torch.nn.Module):
     """The draft beside the target in one program: its buffers become `draft.*`, since methods that
     share mutable buffers (`share_mutable_buffers`) share every buffer of the same name, and the draft's
@@ -104,17 +91,17 @@ class _Within(torch.nn.Module):
 
 
 def methods(kind: str, target: Target | None, draft: Draft | None, config: ExportConfig) -> dict:
-    """The methods a program of `kind` holds: name -> (model, taps), taps as `_returning_taps` takes them.
+    """The methods a program of `kind` holds: name -> model.
     The target's `forward` (logits alone) is for ExecuTorch's stock runners (`TextLLMRunner` takes the first
     output to be logits and refuses more); `export.stock_forward=false` leaves it out, for half the target's
     lowering time."""
     out = {}
     if kind in ("target", "single"):
-        out[TARGET_METHOD] = (target, True)
+        out[TARGET_METHOD] = target
         if config.stock_forward:
-            out[STOCK_METHOD] = (target, False)
+            out[STOCK_METHOD] = LogitsOnly.of(target)
     if kind in ("draft", "single"):
-        out[DRAFT_METHOD] = (draft if kind == "draft" else _Within(draft), None)
+        out[DRAFT_METHOD] = draft if kind == "draft" else _Within(draft)
     return out
 
 
@@ -135,14 +122,13 @@ def lower(programs: dict, config: ExportConfig, max_block: int, metadata: dict):
 
         # quantized weights are tensor subclasses that lowering unwraps into new, untagged placeholders;
         # unwrapped first, their placeholders exist (and carry the tag) from export on
-        for model in {id(m): m for m, _ in programs.values()}.values():
+        for model in programs.values():  # a LogitsOnly view holds its target's modules: left as unwrapped
             unwrap_tensor_subclass(model)
     exported = {}
     with torch.no_grad():
-        for name, (model, taps) in programs.items():
+        for name, model in programs.items():
             args, dynamic = example_inputs(model.draft if isinstance(model, _Within) else model, config, max_block)
-            with _returning_taps(model, taps):
-                exported[name] = export(model, args, dynamic_shapes=dynamic, strict=False)
+            exported[name] = export(model, args, dynamic_shapes=dynamic, strict=False)
     if config.shared_weights:  # tag the weights the delegate will hold, so it keeps them outside the .pte
         for node in (n for program in exported.values() for n in program.graph.nodes):
             if node.op == "placeholder" and _weight_tag(node):

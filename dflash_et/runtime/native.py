@@ -56,18 +56,21 @@ SIGNATURES = {  # name: (restype, argtypes), as host_api.cpp declares them
 
 def find_library() -> Path:
     """libdflash_host.so: $DFLASH_HOST_LIBRARY; else built (or brought up to date) in the clone this package was
-    installed from; else one beside a dflash_runner on PATH (an installed runner)."""
+    installed from, or the one built there when this machine has no cmake to check it with; else one beside a
+    dflash_runner on PATH (an installed runner)."""
     if os.environ.get("DFLASH_HOST_LIBRARY"):
         return Path(os.environ["DFLASH_HOST_LIBRARY"])
+    built = PACKAGE_CLONE / BUILD / LIBRARY
     if (PACKAGE_CLONE / "runner" / "CMakeLists.txt").is_file() and shutil.which("cmake"):
         done = subprocess.run([sys.executable, "-m", "runner.toolchain", "dflash_host"], cwd=PACKAGE_CLONE,
                               capture_output=True, text=True)
         if done.returncode:
             raise UserError((done.stderr.strip().splitlines() or ["building it failed"])[-1].removeprefix("error: "))
-        return PACKAGE_CLONE / BUILD / LIBRARY
+        return built
     installed = shutil.which("dflash_runner")
-    if installed and (Path(installed).parent / LIBRARY).is_file():
-        return Path(installed).parent / LIBRARY
+    for library in (built, installed and Path(installed).parent / LIBRARY):
+        if library and library.is_file():
+            return library
     raise UserError(f"block_size auto and DFlash2 drafts need the runner's host library ({LIBRARY}), and it cannot be "
                     "built here (no cmake, or no runner/ sources); run `make runner` in a clone of dflash-et, or set "
                     "DFLASH_HOST_LIBRARY to a built one")
@@ -181,8 +184,9 @@ class CostSweep:
     def __init__(self, max_block: int, max_seq_len: int, repeats: int):
         self._lib = library()
         self._handle = self._lib.dflash_sweep_new(max_block, max_seq_len, repeats)
-        starts = (_i64 * 3)()
-        self.starts = list(starts[:self._lib.dflash_sweep_starts(self._handle, starts, len(starts))])
+        starts = (_i64 * self._lib.dflash_sweep_starts(self._handle, None, 0))()  # how many, then which
+        self._lib.dflash_sweep_starts(self._handle, starts, len(starts))
+        self.starts = list(starts)
         self.tokens, self.count = self._lib.dflash_sweep_tokens(self._handle), self._lib.dflash_sweep_count(self._handle)
 
     def planner(self, n: int) -> Planner:

@@ -117,21 +117,36 @@ class DraftProgram(Program):
         """As the eager draft's (models.draft): its calls take no tap older than the window."""
         return self.meta.context_window
 
-    @property
-    def returns_lattice(self) -> bool:
-        """As the eager draft's (models.draft): a DFlash2 draft's program returns its lattice, not logits."""
-        return bool(self.meta.selector_top_k)
+    returns_lattice = False  # as the eager draft's (models.draft): its program returns logits
 
     @cached_property
     def vocab_ids(self) -> torch.Tensor | None:
         """As the eager draft's (models.draft.reduce_head): the token id of each logit it returns, or None."""
         return None if self.meta.vocab_ids is None else torch.tensor(self.meta.vocab_ids)
 
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """The logits, as the eager draft returns them."""
+        return self.execute(tokens, hidden, input_pos)[0]
+
+
+class DFlash2DraftProgram(DraftProgram):
+    """A DFlash2 draft's program (its metadata has `selector_top_k`), which returns its lattice, as the eager
+    DFlash2Draft does."""
+
+    returns_lattice = True
+
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor
-                 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The logits, or a DFlash2 draft's lattice (candidates, unary, pair), as the eager draft returns them."""
-        out = self.execute(tokens, hidden, input_pos)
-        return tuple(out) if self.returns_lattice else out[0]
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(candidates, unary, pair), as the eager DFlash2Draft returns them."""
+        candidates, unary, pair = self.execute(tokens, hidden, input_pos)
+        return candidates, unary, pair
+
+
+def draft_program(pte: Path, ptd: Path | None = None, program=None) -> DraftProgram:
+    """The draft in `pte` (or in `program`, that file already loaded), as the class its metadata says it is."""
+    program = program or _load(pte, ptd)
+    lattice = DRAFT_METHOD in program.method_names and DraftMeta.read(program, str(pte)).selector_top_k
+    return (DFlash2DraftProgram if lattice else DraftProgram)(pte, ptd, program)  # (which says what it lacks)
 
 
 def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
@@ -141,12 +156,12 @@ def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
     ptd = ptd if ptd.exists() else None
     target = TargetProgram(programs_dir / "target.pte", ptd)
     if (programs_dir / "draft.pte").exists():
-        draft = DraftProgram(programs_dir / "draft.pte", ptd)
+        draft = draft_program(programs_dir / "draft.pte", ptd)
     elif DRAFT_METHOD in target.program.method_names:
-        draft = DraftProgram(target.path, program=target.program)
+        draft = draft_program(target.path, program=target.program)
     else:
         raise ProgramError(f"{programs_dir} has no draft.pte, and its target.pte no {DRAFT_METHOD!r} method "
-                           "(export.layout single puts the draft there); run `dvc repro` (or `dvc pull`)")
+                           f"(export.layout single puts the draft there): {REBUILD}")
     if (draft.meta.target_checkpoint_id != target.meta.checkpoint_id
             or draft.meta.target_layer_ids != target.meta.target_layer_ids):
         raise ProgramError(f"{draft.path} was exported for another target than {target.path}; "
@@ -164,7 +179,8 @@ def _load(pte: Path, ptd: Path | None):
     if not pte.is_file():
         raise ProgramError(f"{pte} is missing: {REBUILD}")
     if ptd is not None and not ptd.is_file():
-        raise ProgramError(f"{ptd} does not exist; {pte.name} keeps its weights there (export.shared_weights)")
+        raise ProgramError(f"{ptd} is missing (the programs keep their weights there: export.shared_weights): "
+                           f"{REBUILD}")
     why = missing_backend(pte.parent)
     if why:
         raise ProgramError(f"{pte}: {why}")

@@ -8,7 +8,7 @@ transformers' `generate` orders its warpers). A proposal `x` is accepted with pr
 emitted token then has exactly the target's distribution (Leviathan et al. 2023; Chen et al.
 2023), whatever the draft proposes. With argmax proposals `q` is one-hot at `x`: the rule
 becomes "accept with probability p(x), else draw from p with x removed". A DFlash2 draft proposes its
-path through a lattice of candidates (`walk`): each position's q is its distribution over its candidates
+path through a lattice of candidates (`Sampler.walk`): each position's q is its distribution over its candidates
 after the proposal before it, which the rule takes as it takes any q (the walk is the C++ runner's, `native.walk`).
 
 Every draw comes from one seeded `torch.Generator`, so a seed fixes the tokens on given programs.

@@ -7,6 +7,7 @@
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 
 #include "metadata.h"
+#include "rebuild.h"
 
 namespace dflash {
 namespace {
@@ -43,7 +44,7 @@ Pair::Pair(const std::string& dir) {
     draft_ = std::make_unique<Pte>(*target_, meta::kDraftMethod, weights_.get());
   } else {
     throw UserError(dir + " has no draft.pte, and its target.pte no '" + meta::kDraftMethod +
-                    "' method (export.layout single puts the draft there); run `dvc repro` (or `dvc pull`)");
+                    "' method (export.layout single puts the draft there): " + kRebuild);
   }
   if (draft_->integer(meta::kTargetCheckpointId) != target_->integer(meta::kCheckpointId) ||
       draft_->integers(meta::kTargetLayerIds) != target_->integers(meta::kTargetLayerIds)) {

@@ -128,7 +128,7 @@ std::vector<int64_t> ids(const std::string& text) {
   return out;
 }
 
-Args parse(int argc, char** argv) {
+Args parse_args(int argc, char** argv) {
   Args args;
   int prompts = 0;
   for (int i = 1; i < argc; ++i) {
@@ -217,7 +217,7 @@ Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_token
 }
 
 // --serve: the programs stay loaded (and their caches warm) across requests; a bad request gets an error reply.
-void serve(dflash::Pair& pair) {
+void serve_engine(dflash::Pair& pair) {
   const auto& l = pair.limits();
   std::cout << "{\"max_context_len\": " << l.max_context_len << ", \"max_block_len\": " << l.max_block;
   if (const auto s = pair.recommended()) {
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
   executorch::runtime::runtime_init();
   dflash::register_llama_ops();
   try {
-    const Args args = parse(argc, argv);
+    const Args args = parse_args(argc, argv);
     std::unique_ptr<dflash::Text> text;  // before the programs load: a missing tokenizer fails at once
     std::vector<int64_t> prompt = args.prompt;
     if (args.text || args.worker) text = std::make_unique<dflash::Text>(args.programs);
@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
     dflash::Pair pair(args.programs);
     if (!args.cost_curve.empty()) pair.load_cost_curve(args.cost_curve);
     if (args.serve) {
-      serve(pair);
+      serve_engine(pair);
       return 0;
     }
     if (args.worker) {

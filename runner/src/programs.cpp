@@ -4,6 +4,8 @@
 
 #include <executorch/runtime/core/error.h>
 
+#include "rebuild.h"
+
 namespace dflash {
 namespace {
 
@@ -13,8 +15,8 @@ using executorch::runtime::EValue;
 
 std::string name_of(Error e) { return executorch::runtime::to_string(e); }
 
-std::shared_ptr<MmapDataLoader> open(const std::string& path, const std::string& missing_hint) {
-  if (!is_file(path)) throw UserError(path + " does not exist; " + missing_hint);
+std::shared_ptr<MmapDataLoader> open(const std::string& path, const std::string& why_needed) {
+  if (!is_file(path)) throw UserError(path + " is missing" + why_needed + ": " + kRebuild);
   auto loader = MmapDataLoader::from(path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
   if (!loader.ok()) {
     throw UserError(path + " cannot be read (" + name_of(loader.error()) + "); check its permissions");
@@ -30,21 +32,21 @@ bool is_file(const std::string& path) {
 }
 
 SharedWeights::SharedWeights(const std::string& path) {
-  loader_ = open(path, "the programs keep their weights there (export.shared_weights): rebuild or pull them");
+  loader_ = open(path, " (the programs keep their weights there: export.shared_weights)");
   auto map = executorch::extension::FlatTensorDataMap::load(loader_.get());
   if (!map.ok()) {
     throw UserError(path + " is not a readable weights file (" + name_of(map.error()) +
-                    "): truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)");
+                    "): truncated or corrupt; " + kRebuild);
   }
   map_ = std::make_unique<executorch::extension::FlatTensorDataMap>(std::move(map.get()));
 }
 
 Pte::Pte(const std::string& path, const char* method_name, const SharedWeights* weights) : path_(path) {
-  loader_ = open(path, "build the programs (dvc repro) or pull them (dvc pull)");
+  loader_ = open(path, "");
   auto program = executorch::runtime::Program::load(loader_.get(), executorch::runtime::Program::Verification::Minimal);
   if (!program.ok()) {
     throw UserError(path + " is not a readable ExecuTorch program (" + name_of(program.error()) +
-                    "): truncated or corrupt; rebuild it (dvc repro) or pull it again (dvc pull)");
+                    "): truncated or corrupt; " + kRebuild);
   }
   program_ = std::make_shared<executorch::runtime::Program>(std::move(program.get()));
   load_method(method_name, weights, nullptr);

@@ -199,14 +199,19 @@ class Worker {
     TextStream stream(text_);
     std::string reply;
     bool stopped = false, cancelled = false;
+    size_t kept = 0;  // tokens up to the one whose text completes a stop string: what completion_tokens counts
     const OnTokens on_tokens = [&](const std::vector<int64_t>& tokens) {
-      const std::string more = stream.add(tokens);
-      if (!more.empty()) send({{"token", more}});
-      reply += more;
-      for (const std::string& stop : stops) {
-        const size_t from = reply.size() - std::min(reply.size(), more.size() + stop.size());
-        stopped = stopped || (!stop.empty() && reply.find(stop, from) != std::string::npos);
+      std::string piece;  // one line per round, not per token; a token at a time to know where a stop string ends
+      for (auto token = tokens.begin(); token != tokens.end() && !stopped; ++token, ++kept) {
+        const std::string more = stream.add({*token});
+        piece += more;
+        reply += more;
+        for (const std::string& stop : stops) {
+          const size_t from = reply.size() - std::min(reply.size(), more.size() + stop.size());
+          stopped = stopped || (!stop.empty() && reply.find(stop, from) != std::string::npos);
+        }
       }
+      if (!piece.empty()) send({{"token", piece}});
       cancelled = control_.cancelled(cancel_id);
       return !stopped && !cancelled;
     };
@@ -215,7 +220,7 @@ class Worker {
     holder_ = session;
     if (const std::string rest = stream.finish(); !rest.empty() && !stopped && !cancelled) send({{"token", rest}});
 
-    std::vector<int64_t> generated = g.tokens;
+    std::vector<int64_t> generated(g.tokens.begin(), g.tokens.begin() + std::min(kept, g.tokens.size()));
     const bool eos = !generated.empty() && pair_.limits().eos_ids.count(generated.back());
     if (eos) generated.pop_back();
     double decode_s = 0;

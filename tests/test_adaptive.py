@@ -229,6 +229,10 @@ def test_cost_curve_file_round_trip_and_errors(tmp_path):
             CostCurve.load(tmp_path / "bad.json", "these")
     with pytest.raises(UserError, match=r"missing.json is not a cost curve \(it cannot be read\)"):
         CostCurve.load(tmp_path / "missing.json", "these")
+    uneven = replace(curve(), draft_ms=[row[:-1] for row in curve().draft_ms])  # a curve built in Python, not read
+    with pytest.raises(UserError, match=r"^the cost curve given is not a cost curve \(the rows of target_ms and "
+                                        r"draft_ms differ in length\)"):
+        uneven.target(2, 0)
 
 
 def test_what_rounds_cost_beyond_the_curve_is_learned_per_call():

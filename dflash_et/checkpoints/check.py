@@ -7,7 +7,6 @@ on every fetch and every load.
 import json
 from pathlib import Path
 
-
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import (build_draft, build_target, check_weights, checkpoint_id, header_shapes,
                                         load_config, model_args, target_state_dict)

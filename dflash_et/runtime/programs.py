@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from dflash_et.errors import REBUILD, ProgramError
-from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD, DraftMeta, Metadata, TargetMeta
+from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD, DraftMeta, Metadata, TargetMeta, method_name
 from dflash_et.runtime.runtime_log import errors_only
 
 # export.backend -> the id its delegate registers in the ExecuTorch runtime, and where that runtime has it
@@ -143,10 +143,11 @@ class DFlash2DraftProgram(DraftProgram):
 
 
 def draft_program(pte: Path, ptd: Path | None = None, program=None) -> DraftProgram:
-    """The draft in `pte` (or in `program`, that file already loaded), as the class its metadata says it is."""
+    """The draft in `pte` (or in `program`, that file already loaded), as the class its metadata says it is: only a
+    DFlash2 draft records `selector_top_k` (export writes no constant method for a field it leaves unset)."""
     program = program or _load(pte, ptd)
-    lattice = DRAFT_METHOD in program.method_names and DraftMeta.read(program, str(pte)).selector_top_k
-    return (DFlash2DraftProgram if lattice else DraftProgram)(pte, ptd, program)  # (which says what it lacks)
+    lattice = method_name("selector_top_k") in program.method_names
+    return (DFlash2DraftProgram if lattice else DraftProgram)(pte, ptd, program)
 
 
 def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:

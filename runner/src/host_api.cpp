@@ -70,8 +70,8 @@ int dflash_planned(int is_auto, int greedy) { return dflash::planned(is_auto, gr
 // the rounds' wall times (0: the curve alone; negative: the planner's default).
 void* dflash_planner_new(const void* curve, int64_t max_block, double time_weight) {
   const auto& c = *static_cast<const CostCurve*>(curve);
-  auto* planner = time_weight < 0 ? new dflash::AdaptivePlanner(c, max_block)
-                                  : new dflash::AdaptivePlanner(c, max_block, 32, 4, 32, time_weight);
+  auto* planner = new dflash::AdaptivePlanner(c, max_block, time_weight < 0 ? dflash::AdaptivePlanner::kTimeWeight
+                                                                             : time_weight);
   return static_cast<RoundPlanner*>(planner);
 }
 

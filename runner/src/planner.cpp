@@ -99,15 +99,13 @@ Band Band::seeded() const {
   return band;
 }
 
-AdaptivePlanner::AdaptivePlanner(CostCurve curve, int64_t max_block, size_t window, size_t react,
-                                 int64_t max_probe_gap, double time_weight)
+AdaptivePlanner::AdaptivePlanner(CostCurve curve, int64_t max_block, double time_weight)
     : curve_(std::move(curve)),
       max_block_(std::min(max_block, curve_.max_block())),
       first_(Calibration(), std::vector<double>(max_block_ - 1, 0.9),
              expected_tokens(std::vector<double>(max_block_ - 1, 0.9)),
-             expected_tokens(std::vector<double>(max_block_ - 1, 0.9)), window, react, max_block_),
+             expected_tokens(std::vector<double>(max_block_ - 1, 0.9)), kWindow, kReact, max_block_),
       band_(&first_),
-      max_probe_gap_(max_probe_gap),
       saving_(std::numeric_limits<double>::infinity()),
       time_weight_(time_weight) {}
 
@@ -187,7 +185,7 @@ int64_t AdaptivePlanner::later_block(int64_t pos, int64_t room) {
     band.probe_gap = 2, band.falling_back = false;
   } else {
     probing_ = true, band.plain_left = band.probe_gap, band.falling_back = true;
-    band.probe_gap = std::min(2 * band.probe_gap, max_probe_gap_);
+    band.probe_gap = std::min(2 * band.probe_gap, kMaxProbeGap);
   }
   return band.chosen;
 }

@@ -109,8 +109,12 @@ struct Band {
 // it did: a longer block would have emitted nothing more there.
 class AdaptivePlanner : public RoundPlanner {
  public:
-  AdaptivePlanner(CostCurve curve, int64_t max_block, size_t window = 32, size_t react = 4, int64_t max_probe_gap = 32,
-                  double time_weight = 0.05);
+  static constexpr size_t kWindow = 32;         // rounds a band's window holds
+  static constexpr size_t kReact = 4;           // of them, the last few ("lately")
+  static constexpr int64_t kMaxProbeGap = 32;   // most plain steps between probes while falling back
+  static constexpr double kTimeWeight = 0.05;   // how fast per_call follows the rounds' wall times
+  // `time_weight` 0 plans by the curve alone (tests that give it rounds, not times).
+  AdaptivePlanner(CostCurve curve, int64_t max_block, double time_weight = kTimeWeight);
   int64_t block(int64_t pos, int64_t room) override;
   int64_t verify_count(const float* logits, int64_t rows, int64_t vocab, int64_t pos) override;
   // The round's wall time is the time since block().
@@ -142,7 +146,7 @@ class AdaptivePlanner : public RoundPlanner {
   std::map<int64_t, Band> bands_;  // those seen, by band_of
   Band first_;                     // the stream's first band until a generation opens
   Band* band_;                     // the current generation's
-  int64_t rounds_ = 0, max_probe_gap_;
+  int64_t rounds_ = 0;
   bool opening_ = false, probing_ = false, rejected_ = false;
   std::vector<double> confidence_, acceptance_;
   int64_t pos_ = 0, block_ = 1, next_pos_ = 0;

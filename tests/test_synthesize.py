@@ -119,12 +119,13 @@ def test_training_mixes_them_in_leaves_out_measured_ones_and_falls_back_without_
     wrote, none of them one validate or bench measures (the built-in set's eval split is every prompt whose text
     hashes there: corpus.split_of); a target without a chat template trains on the set alone, in one logged line."""
     from dflash_et.data.corpus import split_of
-    from dflash_et.training.train import TrainConfig, _prompts
+    from dflash_et.training.collect import prompt_rows
+    from dflash_et.training.config import TrainConfig
 
     model, tok = target
     config = TrainConfig(num_prompts=6, heldout=2, synthetic_prompts=40, generate_batch=8, max_seq_len=256)
     logs = []
-    heldout, train, counts = _prompts(config, tok, model, torch.device("cpu"), logs.append)
+    heldout, train, counts = prompt_rows(config, tok, model, torch.device("cpu"), logs.append)
     written = [r["prompt"] for r in train if r["category"] == "synthetic"]
     assert counts == {"set": 6, "synthetic": len(written), "heldout": 2, "synthetic_examples": written[:5]}
     assert len(train) == 6 + len(written)
@@ -135,7 +136,7 @@ def test_training_mixes_them_in_leaves_out_measured_ones_and_falls_back_without_
     plain = shutil.copytree(trained_pair[0], tmp_path / "plain")
     (plain / "chat_template.jinja").unlink(missing_ok=True)
     logs = []
-    _, train, counts = _prompts(config, tokenizer(plain), model, torch.device("cpu"), logs.append)
+    _, train, counts = prompt_rows(config, tokenizer(plain), model, torch.device("cpu"), logs.append)
     assert counts["synthetic"] == 0 and len(train) == 6
     assert logs == ["[train_draft] the target has no chat template to write its own prompts with: training on "
                     "train_draft.prompts=builtin alone"]

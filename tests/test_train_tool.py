@@ -12,6 +12,7 @@ import pytest
 
 from dflash_et.checkpoints.fetch import fetch, shipped_draft
 from dflash_et.errors import CheckpointError
+from dflash_et.training.state import host
 from dflash_et.training.train import TrainConfig, train_draft
 from tests import REPO
 
@@ -52,7 +53,8 @@ def test_the_tool_trains_on_a_bare_machine_and_writes_its_card(tmp_path):
         assert seconds[phase] >= 0, phase
     assert seconds["total"] >= sum(v for k, v in seconds.items() if k != "total") - 0.5
     assert card["timings"]["block_rows_per_s"] > 0 and card["timings"]["reply_tokens_per_s"] > 0
-    assert card["timings"]["device"] == "cpu (cpu)" and set(card["versions"]) == {"python", "torch", "transformers"}
+    assert card["timings"]["device"] == f"cpu (cpu, {host()})" and card["timings"]["dtype"] == "fp32"
+    assert set(card["versions"]) == {"python", "torch", "transformers"}
     assert card["command"].startswith("dflash train-draft builtin-random ")
     fetch("target", "builtin-random", tmp_path / "target")  # the same target, as the pipeline fetches it
     assert card["target_checkpoint_id"] == json.loads((tmp_path / "target" / "fingerprint.json").read_text())[

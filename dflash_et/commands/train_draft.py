@@ -38,6 +38,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="a train_draft setting of params.yaml, repeatable: --set synthetic_prompts=12000")
     t.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="the saved weights' (bf16: half the size, how a draft ships in drafts/)")
+    t.add_argument("--resume", type=Path, metavar="DIR",
+                   help="a campaign's state: continue the run DIR holds (replies, draft, optimizer, step), or start "
+                        "one there if DIR is new or empty; written every train_draft.save_minutes and at the end, "
+                        "so a stopped run loses at most that much")
     t.add_argument("--shard-mb", type=float, help="weights in files of at most this many MB, with an index "
                    "(a device machine returns files of at most 16 MiB; a DFlash2 draft's codebooks are larger)")
 
@@ -48,4 +52,5 @@ def train(args: argparse.Namespace) -> None:
 
     show_progress()
     config = settings(args.target, args.set, args.minutes, args.device)
-    train_outside(args.target, args.out, config, shlex.join(["dflash", *args.argv]), args.dtype, args.shard_mb)
+    train_outside(args.target, args.out, config, shlex.join(["dflash", *args.argv]), args.dtype, args.shard_mb,
+                  args.resume)

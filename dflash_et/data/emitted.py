@@ -51,6 +51,13 @@ def kept_ids(counts: dict[int, int], size: int, vocab_size: int, always: set[int
     return sorted(chosen)
 
 
+def head_ids(tok, eos: set[int], counts: dict[int, int], size: int, vocab_size: int) -> list[int]:
+    """`kept_ids` for a target whose tokenizer is `tok` and end-of-turn ids `eos`: export.draft_vocab's set, and the
+    one train_draft.head_vocab trains the draft on (the same counts give the same set)."""
+    always = {t for t in {*eos, *tok.all_special_ids, *tok.added_tokens_decoder} if t < vocab_size}
+    return kept_ids(counts, size, vocab_size, always)
+
+
 def coverage(counts: dict[int, int], ids: list[int]) -> float | None:
     """The share of the counted tokens that `ids` holds (None: nothing counted)."""
     total = sum(counts.values())

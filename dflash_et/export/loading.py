@@ -16,7 +16,7 @@ from dflash_et.checkpoints.load import eos_ids
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.checkpoints.zlab import BORROWED, DraftSettings
 from dflash_et.data.chat import tokenizer
-from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts
+from dflash_et.data.emitted import TOKEN_COUNTS, coverage, head_ids, read_counts
 from dflash_et.export.config import DTYPES, OPS_OF_BACKEND, ExportConfig
 from dflash_et.export.frugal import Spiller
 from dflash_et.export.recipes import quantize
@@ -71,10 +71,8 @@ def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq
 
 def _draft_vocab(target_dir: Path, draft_dir: Path, size: int, vocab_size: int) -> list[int]:
     """export.draft_vocab: the ids the draft's head keeps (data.emitted), every special and end-of-turn token among them."""
-    tok = tokenizer(target_dir)
-    always = {t for t in {*eos_ids(target_dir), *tok.all_special_ids, *tok.added_tokens_decoder} if t < vocab_size}
     counts = read_counts(draft_dir)
-    ids = kept_ids(counts, size, vocab_size, always)
+    ids = head_ids(tokenizer(target_dir), set(eos_ids(target_dir)), counts, size, vocab_size)
     share = coverage(counts, ids)
     logger.info(f"draft head: {size} of {vocab_size} tokens, " + (
         f"{share:.2%} of the {sum(counts.values())} its target emitted in the draft's training replies" if counts else

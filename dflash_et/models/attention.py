@@ -16,7 +16,9 @@ nothing ever looks past the current call's end.
 - `MlxOpsCache` (`mlx`): the MLX delegate's `mlx::kv_cache_update` / `mlx::custom_sdpa` (heads-first caches).
 - `DenseCache` (`torch`): plain tensors and `F.scaled_dot_product_attention`, for eager use and training. With
   an explicit `mask` [T,S] it attends over the given K/V only and caches nothing: that is how
-  training runs many draft blocks in one call.
+  training runs many draft blocks in one call. A `Segmented` mask says that the blocks of each sequence see only
+  that sequence's rows, so each sequence is attended on its own: the dense product over every sequence's rows
+  was most of a training step (docs/measurements.md).
 
 A sliding window is a mask over a full-length cache, which survives any rollback; or, for
 `LlamaOpsCache` given `rows` (see `ring_rows`), a ring buffer of window + `max_call` - 1 rows,
@@ -78,6 +80,28 @@ def allowed(spec: AttentionSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> to
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as the float mask the backends' ops take (0 where allowed, -inf elsewhere)."""
     return torch.where(mask, 0.0, float("-inf")).to(dtype)
+
+
+@dataclass(frozen=True)
+class Segmented:
+    """Training's mask [T, S] (`dense`: the S key rows are C context rows, then the T query rows) with where each
+    sequence's rows are: `segments` (query start, end, context start, end); a sequence's queries see nothing
+    outside its own context and query rows."""
+
+    dense: torch.Tensor
+    segments: tuple[tuple[int, int, int, int], ...]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               spec: AttentionSpec) -> torch.Tensor:
+        """DenseCache's masked attention, one sequence at a time: [1, T, H, D]."""
+        context, out = self.dense.shape[1] - q.shape[1], []
+        for r0, r1, c0, c1 in self.segments:
+            keys = torch.cat([torch.arange(c0, c1), torch.arange(context + r0, context + r1)]).to(q.device)
+            mask = self.dense[r0:r1][:, keys] & allowed(spec, positions[context + r0:context + r1], positions[keys])
+            out.append(F.scaled_dot_product_attention(q[:, r0:r1].transpose(1, 2), k[:, keys].transpose(1, 2),
+                                                      v[:, keys].transpose(1, 2), attn_mask=mask,
+                                                      scale=spec.softmax_scale, enable_gqa=True))
+        return torch.cat(out, dim=2).transpose(1, 2)
 
 
 def ring_rows(spec: AttentionSpec, max_seq_len: int, max_call: int | None) -> int | None:
@@ -181,8 +205,10 @@ class MlxOpsCache(KVCache):
 
 
 class DenseCache(KVCache):
-    def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | None = None):
+    def forward(self, q, k, v, start: int, positions: torch.Tensor, mask: torch.Tensor | Segmented | None = None):
         t, s = q.shape[1], k.shape[1]
+        if isinstance(mask, Segmented):
+            return mask.attend(q, k, v, positions, self.spec)
         if mask is None:
             self.k_cache[:, start:start + s] = k
             self.v_cache[:, start:start + s] = v

@@ -22,7 +22,7 @@ its proposal positions' candidate lattice (candidates, unary, pair) instead of t
 import torch
 from torch import nn
 
-from dflash_et.models.attention import AttentionSpec
+from dflash_et.models.attention import AttentionSpec, Segmented
 from dflash_et.models.block import ModelArgs, Rope, add_mlp, attention, scale_embedding, softcap, start_position
 from dflash_et.models.dflash2 import CandidateSelector, GroupedCausalConv, Unconvolved
 from dflash_et.models.layers import RMSNorm
@@ -47,13 +47,14 @@ class DraftBlock(nn.Module):
         return self._layer(x, rope, start, positions, ctx, None, None)
 
     def packed(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
-               ctx: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Training: the rows of `x` are many blocks, `mask` [rows, context + rows] what each row sees; nothing
-        is cached."""
-        return self._layer(x, rope, 0, positions, ctx, mask, mask[:, ctx.shape[1]:])
+               ctx: torch.Tensor, mask: torch.Tensor, segments: tuple | None = None) -> torch.Tensor:
+        """Training: the rows of `x` are many blocks, `mask` [rows, context + rows] what each row sees, `segments`
+        (models.attention.Segmented) where each sequence's rows are, if given; nothing is cached."""
+        seen = mask if segments is None else Segmented(mask, segments)
+        return self._layer(x, rope, 0, positions, ctx, seen, mask[:, ctx.shape[1]:])
 
     def _layer(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
-               positions: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | None,
+               positions: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | Segmented | None,
                rows_see: torch.Tensor | None) -> torch.Tensor:
         h, kernel = self.attention_conv.prepare(self.input_layernorm(x), rows_see)
         attn = self.self_attn(h, torch.cat([ctx, h], dim=1), rope, start, positions, mask)
@@ -113,12 +114,14 @@ class Draft(nn.Module):
         return x, self.head(x)
 
     def packed(self, tokens: torch.Tensor, hidden: torch.Tensor, ctx_pos: torch.Tensor, block_pos: torch.Tensor,
-               mask: torch.Tensor, logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training's call (module docstring): the `logit_rows`' normed hidden states [1, R, H] and logits."""
+               mask: torch.Tensor, logit_rows: torch.Tensor, segments: tuple | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training's call (module docstring): the `logit_rows`' normed hidden states [1, R, H] and logits;
+        `segments`: where each sequence's rows are (training.blocks.Batch), which makes attention per sequence."""
         positions = torch.cat([ctx_pos, block_pos])
         rope, ctx, x = self.inputs(tokens, hidden, positions)
         for layer in self.layers:
-            x = layer.packed(x, rope, positions, ctx, mask)
+            x = layer.packed(x, rope, positions, ctx, mask, segments)
         x = self.norm(x[:, logit_rows])
         return x, self.head(x)
 

@@ -29,6 +29,8 @@ class Batch:
     weights: torch.Tensor         # [R] loss weight of each row
     before: torch.Tensor          # [R] the token before each row's label (the anchor, then the labels): DFlash2
     rows: torch.Tensor            # the rows with a weight, the only ones that get logits (found on the host)
+    segments: tuple[tuple[int, int, int, int], ...] | None = None  # each sequence's block rows and taps (start, end,
+    # start, end): attention one sequence at a time (None: one dense masked product)
 
 
 def sample_anchors(seq: Sequence, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -81,9 +83,13 @@ def pack(seqs: list[Sequence], anchors: list[torch.Tensor], block: int, mask_tok
                                                                                  row_block))
     sees_ctx = (ctx_seq[None, :] == row_seq[:, None]) & (ctx_pos[None, :] < row_anchor[:, None])
     sees_block = row_block[:, None] == row_block[None, :]
+    row_ends = torch.tensor([len(a) * block for a in anchors]).cumsum(0).tolist()
+    ctx_ends = torch.tensor([high - low for low, high in spans]).cumsum(0).tolist()
+    segments = tuple((r1 - len(a) * block, r1, c1 - (high - low), c1)
+                     for a, (low, high), r1, c1 in zip(anchors, spans, row_ends, ctx_ends) if len(a))
     return Batch(tokens[None].to(device), hidden[None], ctx_pos, row_anchor + offset.to(device),
                  torch.cat([sees_ctx, sees_block], dim=1), labels.to(device), weights.to(device), before.to(device),
-                 weights.nonzero().squeeze(1).to(device))
+                 weights.nonzero().squeeze(1).to(device), segments)
 
 
 class DraftLoss(torch.nn.Module):
@@ -97,8 +103,10 @@ class DraftLoss(torch.nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         rows = batch.rows
-        hidden, logits = self.draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows)
-        labels, weights = batch.labels[rows], batch.weights[rows]
+        hidden, logits = self.draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows,
+                                           batch.segments)
+        labels, weights = head_labels(self.draft, batch.labels[rows]), batch.weights[rows]
+        weights = weights * (labels >= 0)  # a label outside a reduced head: the draft can never propose it
         total = self.weighted_sum(hidden[0], logits[0], labels, weights, batch.before[rows])
         return total / weights.sum().clamp(min=1e-9)
 
@@ -121,6 +129,37 @@ class DFlash2Loss(DraftLoss):
         hit = candidates == labels[:, None]
         chosen = F.cross_entropy(scores.float(), hit.int().argmax(-1), reduction="none")
         return super().weighted_sum(hidden, logits, labels, weights, before) + (chosen * weights * hit.any(-1)).sum()
+
+
+def head_labels(draft: Draft, labels: torch.Tensor) -> torch.Tensor:
+    """Token ids as rows of the draft's head: themselves for a full head, their place among `vocab_ids` for a
+    reduced one (train_draft.head_vocab), -100 for a token it does not score."""
+    if draft.vocab_ids is None:
+        return labels
+    place = torch.full((draft.args.vocab_size,), -100, dtype=torch.long, device=labels.device)
+    place[draft.vocab_ids.to(labels.device)] = torch.arange(len(draft.vocab_ids), device=labels.device)
+    return torch.where(labels >= 0, place[labels.clamp(min=0)], labels)
+
+
+def block_tau(draft: Draft, seqs: list[Sequence], block: int, mask_token_id: int) -> float:
+    """1 + the accepted run of one block call at every anchor of `seqs` (held-out prompts with the target's greedy
+    replies and taps), averaged: the proposals greedy DFlash would verify there, matched against what the target
+    said. One batched pass a sequence, no decoding loop: cheap enough to watch a run with. Decoding visits only
+    the anchors its rounds reach, so its tau weighs them otherwise; the full decode measures that (`heldout_tau`)."""
+    runs = []
+    with torch.no_grad():
+        for seq in seqs:
+            anchors = torch.arange(max(seq.prompt_len - 1, 1), len(seq.tokens) - 1)
+            if not len(anchors):
+                continue
+            batch = pack([seq], [anchors], block, mask_token_id, 1.0, draft.context_window)
+            rows = (torch.arange(batch.tokens.shape[1], device=batch.tokens.device) % block).nonzero().squeeze(1)
+            _, logits = draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, rows,
+                                     batch.segments)
+            labels = head_labels(draft, batch.labels[rows]).view(len(anchors), block - 1)
+            hit = (logits[0].argmax(-1).view(len(anchors), block - 1) == labels) & (labels >= 0)
+            runs.append(1 + hit.int().cumprod(dim=1).sum(dim=1).float())
+    return torch.cat(runs).mean().item() if runs else 1.0
 
 
 def draft_loss(draft: Draft) -> DraftLoss:

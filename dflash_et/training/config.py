@@ -8,6 +8,7 @@ import torch
 from dflash_et.params import parse
 
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ class TrainConfig:
     sliding_window: int | None = None
     variant: str = "dflash"
     device: str = "auto"
+    precision: str = "fp32"
+    head_vocab: str | int = "full"
+    warm_start: bool = False
+    save_minutes: float = 30.0
     seed: int = 0
 
 
@@ -60,3 +65,35 @@ def training_device(config: TrainConfig) -> torch.device:
     if config.device == "cpu" or not cuda:
         return torch.device("cpu")
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def has_fast_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bf16 faster than fp32: a CUDA GPU, or a CPU with AMX or AVX-512 BF16 units (4-5x
+    the fp32 rate on a Sapphire Rapids host). Elsewhere (AVX2 hosts, say) torch emulates bf16 products, about
+    100x slower than fp32 (docs/measurements.md)."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+
+
+def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    """What the target's replies and taps run in and training autocasts to: train_draft.precision, where `auto` is bf16
+    on hardware that runs it fast (`has_fast_bf16`) and fp32 elsewhere. The draft's own weights and the optimizer
+    stay fp32 either way."""
+    if config.precision not in PRECISIONS:
+        raise ValueError(f"train_draft.precision={config.precision!r} is not one of {', '.join(PRECISIONS)}")
+    chosen = PRECISIONS[config.precision]
+    if chosen is None:
+        return torch.bfloat16 if has_fast_bf16(device) else torch.float32
+    return chosen
+
+
+def check_head(config: TrainConfig) -> None:
+    """train_draft.head_vocab is `full` or a number of tokens, and a DFlash2 draft's selector needs the full head."""
+    if config.head_vocab == "full":
+        return
+    if not isinstance(config.head_vocab, int) or isinstance(config.head_vocab, bool) or config.head_vocab < 1:
+        raise ValueError(f"train_draft.head_vocab={config.head_vocab!r} must be full or a number of tokens (4096)")
+    if config.variant == "dflash2":
+        raise ValueError("train_draft.head_vocab trains a DFlash draft's head; a dflash2 draft's candidate selector "
+                         "scores the whole vocabulary: set train_draft.head_vocab=full")

@@ -1,9 +1,10 @@
 """A draft's training data: the prompts (the project's sets, long ones after a document, and those the target
 writes itself: training.synthesize) and the target's own greedy replies to them, with the taps the draft reads.
 
-The replies are generated in batches by transformers' `generate`, whose forward passes also give every
-position's taps (HF `hidden_states[i + 1]` is layer i's output, as in the target program). They stay on the
-training device, so a training step reads them without a copy from the host."""
+The replies are generated in batches by transformers' `generate`, and their taps come from one forward pass over
+prompt and reply (HF `hidden_states[i + 1]` is layer i's output, as in the target program). The taps stay on the
+training device, so a training step reads them without a copy from the host; a run's state keeps the token ids
+alone (training.state), from which a resumed run recomputes them."""
 
 import time
 from dataclasses import dataclass
@@ -17,37 +18,52 @@ from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, document_texts,
 from dflash_et.training.config import TrainConfig
 
 TRAIN_PROMPT_SEED = 4321
+# Tokens a tap pass takes (sequences times the longest): every layer's hidden states of a pass are held at once, and
+# SmolLM2's passes ran at 450 tokens/s at 3-6k tokens against 234 at 16k (docs/measurements.md)
+TAP_TOKENS = 4096
 
 
 @dataclass
 class Sequence:
     tokens: torch.Tensor          # [L] prompt + the target's greedy response (on the host)
-    taps: torch.Tensor            # [L-1 or L, k*H] the target's taps (the last token's is never seen: no
+    taps: torch.Tensor            # [L-1, k*H] the target's taps (the last token's is never seen: no
     prompt_len: int               # anchor lies past it, and generation never feeds it), on the training device
 
 
-def reply_model(target_dir: Path, device: torch.device):
-    """The target as transformers runs it, in fp32 (the replies the fp32 programs give) on `device`."""
+def reply_model(target_dir: Path, device: torch.device, dtype: torch.dtype = torch.float32):
+    """The target as transformers runs it, on `device`, in `dtype` (training.config.compute_dtype: fp32, the
+    replies the fp32 programs give, or bf16 where the hardware runs it fast: a draft learns the target's habits, and
+    a reply that parts from fp32 greedy decoding at a near-tie is still one the target would give)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device).eval()
 
 
 def target_sequences(model, layer_ids: list[int], prompts: list[list[int]], max_new_tokens: int, eos: set[int],
                      batch: int = 16, taps_dtype: torch.dtype = torch.float32, deadline: float | None = None,
                      log=print) -> list[Sequence]:
-    """The target's own greedy continuation of each prompt, with its taps (as `taps_dtype`, on the model's device),
-    through transformers' `generate` on `batch` prompts at a time (left-padded; prompts sorted by length, so little
-    is padding). The forward passes that generate a reply also give the taps of every position before its last
-    token. With a `deadline` (time.perf_counter), batches run in a seeded random order and none starts after it:
-    the prompts answered are then a sample of all lengths, in the order given."""
+    """The target's own greedy continuation of each prompt (`target_replies`) with its taps (`tapped`), in the
+    order given; with a `deadline`, only the prompts answered before it."""
+    replies = target_replies(model, prompts, max_new_tokens, eos, batch, deadline, log)
+    return tapped(model, layer_ids, [(prompts[i] + replies[i], len(prompts[i])) for i in sorted(replies)],
+                  taps_dtype=taps_dtype)
+
+
+def target_replies(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], batch: int = 16,
+                   deadline: float | None = None, log=print) -> dict[int, list[int]]:
+    """{prompt index: the target's greedy reply, ending at its first end-of-turn token} through transformers'
+    `generate` on `batch` prompts at a time (left-padded; prompts sorted by length, so little is padding), ids
+    alone: keeping every step's hidden states costs a sixth of the rate (docs/measurements.md), and the taps come
+    cheaper from one prefill (`tapped`), which a resumed run needs anyway. With a `deadline`
+    (time.perf_counter), batches run in a seeded random order and none starts after it: the prompts answered are
+    then a sample of all lengths."""
     device = model.device
     pad = next(iter(sorted(eos)), 0)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     batches = [order[first:first + batch] for first in range(0, len(order), batch)]
     if deadline is not None:
         batches = [batches[i] for i in torch.randperm(len(batches), generator=torch.Generator().manual_seed(0))]
-    out: dict[int, Sequence] = {}
+    out: dict[int, list[int]] = {}
     with torch.no_grad(), tqdm(total=len(prompts), desc="[train_draft] target replies", unit="reply") as bar:
         for picks in batches:
             if out and deadline is not None and time.perf_counter() > deadline:
@@ -60,21 +76,44 @@ def target_sequences(model, layer_ids: list[int], prompts: list[list[int]], max_
             for row, i in enumerate(picks):
                 ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
                 attention[row, width - len(prompts[i]):] = 1
-            gen = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
-                                 max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None,
-                                 pad_token_id=pad, output_hidden_states=True, return_dict_in_generate=True)
-            # per step, [1 + layers] hidden states of the tokens it fed: the prompt, then one token each
-            steps = [torch.cat([h[i + 1] for i in layer_ids], dim=-1) for h in gen.hidden_states]
-            fed = torch.cat(steps, dim=1).to(taps_dtype)  # [B, width + steps - 1, k*H]
-            sequences = gen.sequences.cpu()
+            sequences = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                       max_new_tokens=max_new_tokens, do_sample=False,
+                                       eos_token_id=sorted(eos) or None, pad_token_id=pad).cpu()
             for row, i in enumerate(picks):
                 reply = sequences[row, width:].tolist()
-                reply = next((reply[:j + 1] for j, t in enumerate(reply) if t in eos), reply)
-                tokens = torch.tensor(prompts[i] + reply)
-                taps = fed[row, width - len(prompts[i]):width - len(prompts[i]) + len(tokens)]
-                out[i] = Sequence(tokens, taps.clone(), len(prompts[i]))
+                out[i] = next((reply[:j + 1] for j, t in enumerate(reply) if t in eos), reply)
             bar.update(len(picks))
-    return [out[i] for i in range(len(prompts)) if i in out]
+    return out
+
+
+def tapped(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], tokens: int = TAP_TOKENS,
+           taps_dtype: torch.dtype = torch.float32) -> list[Sequence]:
+    """Each (tokens, prompt length) with the target's taps at every position but the last (HF `hidden_states[i +
+    1]` is layer i's output, as in the target program), from forward passes of about `tokens` tokens each
+    (sequences sorted by length, right-padded: causal attention keeps the padding out of every real position), in
+    the order given. The same sequences always meet in the same passes, so a resumed run recomputes the very taps."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
+    passes, picks = [], []
+    for i in order:  # the longest sequence last in each pass: its width times the count stays near `tokens`
+        if picks and (len(picks) + 1) * (len(sequences[i][0]) - 1) > tokens:
+            passes, picks = passes + [picks], []
+        picks.append(i)
+    passes += [picks] if picks else []
+    out: dict[int, Sequence] = {}
+    with torch.no_grad(), tqdm(total=len(sequences), desc="[train_draft] target taps", unit="sequence") as bar:
+        for picks in passes:
+            width = len(sequences[picks[-1]][0]) - 1
+            ids = torch.zeros(len(picks), width, dtype=torch.long)
+            for row, i in enumerate(picks):
+                ids[row, :len(sequences[i][0]) - 1] = torch.tensor(sequences[i][0][:-1])
+            hidden = model.model(input_ids=ids.to(model.device), output_hidden_states=True,
+                                 use_cache=False).hidden_states
+            taps = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1).to(taps_dtype)
+            for row, i in enumerate(picks):
+                tokens_i, prompt_len = sequences[i]
+                out[i] = Sequence(torch.tensor(tokens_i), taps[row, :len(tokens_i) - 1].clone(), prompt_len)
+            bar.update(len(picks))
+    return [out[i] for i in range(len(sequences))]
 
 
 def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:

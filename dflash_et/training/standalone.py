@@ -59,9 +59,10 @@ def store_weights(draft_dir: Path, dtype: str, shard_mb: float | None) -> None:
 
 
 def train_outside(target: str, out: Path, config: TrainConfig, command: str, dtype: str = "fp32",
-                  shard_mb: float | None = None) -> None:
+                  shard_mb: float | None = None, state_dir: Path | None = None) -> None:
     """Fetch `target`, train a draft for it with `config` (its `minutes` the whole command's: fetching counts)
-    and write the draft at `out` with its card, train_draft.json (`command`: how it was made)."""
+    and write the draft at `out` with its card, train_draft.json (`command`: how it was made); with `state_dir`,
+    as a campaign that continues the run there (training.state)."""
     started = time.perf_counter()
     training_device(config)  # refused before the target is fetched
     with tempfile.TemporaryDirectory(prefix="train-draft-target.") as scratch:
@@ -74,7 +75,7 @@ def train_outside(target: str, out: Path, config: TrainConfig, command: str, dty
             train_draft(target_dir, Path(scratch) / "draft", config)
             return
         with staged_dir(out) as tmp:
-            card = train_draft(target_dir, tmp, config, live_dir=Path(scratch) / "dvclive")
+            card = train_draft(target_dir, tmp, config, live_dir=Path(scratch) / "dvclive", state_dir=state_dir)
             card["timings"]["seconds"] = {"fetching target": round(fetched, 2), **card["timings"]["seconds"],
                                           "total": round(time.perf_counter() - started, 2)}
             card["versions"] = {"python": sys.version.split()[0], **{

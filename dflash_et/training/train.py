@@ -24,10 +24,11 @@ once each, in order; split into modules, each would take most of them as argumen
 
 import copy
 import json
-import math
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -36,26 +37,24 @@ from tqdm import tqdm
 
 from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.load import build_draft, checkpoint_id, eos_ids, load_config, load_target
-from dflash_et.data.chat import encode_chat, tokenizer
-from dflash_et.data.emitted import write_counts
-from dflash_et.data.prompts import text_of
+from dflash_et.data.chat import tokenizer
+from dflash_et.data.emitted import head_ids, write_counts
 from dflash_et.files import write_json
-from dflash_et.models.draft import DFlash2Draft, Draft
+from dflash_et.models.draft import DFlash2Draft, Draft, reduce_head
 from dflash_et.models.target import Target
 from dflash_et.runtime.generate import generate_dflash, pooled_tau
 from dflash_et.threads import all_cores
-from dflash_et.training.blocks import draft_loss, pack, sample_anchors
-from dflash_et.training.config import TrainConfig, training_device
-from dflash_et.training.data import (Sequence, fitting, is_measured, reply_model, target_sequences, training_prompts,
-                                     with_long_rows)
-from dflash_et.training.synthesize import synthesize_prompts, user_turn
-
-LOG_EVERY = 50  # steps between reading the losses back from the device (each read waits for the device)
-CALIBRATE = 5   # and after this step, for a first rate of steps against the clock
+from dflash_et.training import state
+from dflash_et.training.blocks import block_tau
+from dflash_et.training.config import TrainConfig, check_head, compute_dtype, training_device
+from dflash_et.training.collect import collect
+from dflash_et.training.data import Sequence, reply_model, tapped
+from dflash_et.training.fit import Clock, Loop, fit
 
 # A new DFlash2 draft's parts: z-lab's released Qwen3.6-27B-DFlash2 config (conv 2 rows, groups of 16 channels,
 # a rank-256 selector over the top 16 candidates)
 DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[dict, Draft]:
@@ -81,10 +80,24 @@ def new_draft(target_dir: Path, target: Target, config: TrainConfig) -> tuple[di
 
     draft = build_draft(Qwen3Config(**draft_cfg), target.args, config.max_seq_len)
     draft.load_state_dict(zlab.draft_weight_names(zlab.init_draft_weights(draft_cfg, config.seed)), strict=False)
+    if config.warm_start:
+        warm_start(draft, target)
     zlab.borrow(draft, target)
     for p in (draft.embed_tokens.weight, draft.lm_head.weight):
         p.requires_grad_(False)
     return draft_cfg, draft
+
+
+def warm_start(draft: Draft, target: Target) -> None:
+    """train_draft.warm_start: the draft's layers start as copies of the target's last ones (every weight of the
+    same name and shape: attention, MLP, norms; a Qwen3-style draft's q/k norms over a Llama target stay as
+    initialised). SpecForge's ablation reports a far better first-position accuracy from this start at equal steps."""
+    for ours, theirs in zip(draft.layers, target.layers[-len(draft.layers):]):
+        given = dict(theirs.named_parameters())
+        with torch.no_grad():
+            for name, p in ours.named_parameters():
+                if name in given and given[name].shape == p.shape:
+                    p.copy_(given[name])
 
 
 def acceptance(target: Target, draft: Draft, prompts: list[list[int]], eos: set[int], config: TrainConfig,
@@ -138,225 +151,180 @@ def _check_mask_token(target_dir: Path, mask: int | None, vocab_size: int) -> No
 
 
 @all_cores()
-def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print, live_dir: Path | None = None) -> dict:
+def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print, live_dir: Path | None = None,
+                state_dir: Path | None = None) -> dict:
     """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with its card
     `train_draft.json` (data counts, steps, loss and held-out tau against rows trained, the target's fingerprint:
     nothing that changes from run to run, since the pipeline's draft directory is a dependency). DVCLive, where
     installed, logs loss, learning rate and held-out tau to `live_dir` (default `out_dir/dvclive`; the pipeline's:
     reports/train_draft). Under torchrun every rank writes the same draft to its `out_dir`. Returns the card plus
-    `timings` (seconds per phase, throughput, device), which `dflash train-draft` adds to its own card."""
+    `timings` (seconds per phase, throughput, device), which `dflash train-draft` adds to its own card.
+    `state_dir`: a campaign's state (training.state), continued when it holds one and written every
+    `save_minutes` and at the end; the card then also lists each session's host, dtype and rates."""
     device = training_device(config)  # a device that is not there is refused before anything runs
+    compute_dtype(config, device)
+    check_head(config)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = 0
     if distributed:
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
         rank = torch.distributed.get_rank()
     try:
-        return _train(target_dir, out_dir, config, device, rank, distributed, log, live_dir or out_dir / "dvclive")
+        return _train(target_dir, out_dir, config, device, rank, distributed, log, live_dir or out_dir / "dvclive",
+                      state_dir)
     finally:
         if distributed:
             torch.distributed.destroy_process_group()
 
 
-class Clock:
-    """A run's wall clock: seconds per phase, and what `minutes` leaves."""
-
-    def __init__(self, minutes: float | None):
-        self.start = time.perf_counter()
-        self.deadline = None if minutes is None else self.start + 60 * minutes
-        self.seconds: dict[str, float] = {}
-
-    def add(self, phase: str, since: float) -> float:
-        """Charge the time since `since` to `phase`; returns now."""
-        now = time.perf_counter()
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - since
-        return now
-
-    def left(self) -> float:
-        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
-
-    def until(self, share: float) -> float | None:
-        """When `share` of the run's minutes will have passed (None without a limit): where a data phase stops."""
-        return None if self.deadline is None else self.start + share * (self.deadline - self.start)
-
-
-@dataclass
-class Fitted:
-    losses: list[float]
-    rows: int                     # block rows trained on (the draft's training tokens)
-    curve: list[dict]             # held-out tau measured during training: step, rows, loss, heldout_tau
-
-
-def _fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, mask_id: int, rank: int,
-         distributed: bool, live, clock: Clock, reserve: float, evaluate) -> Fitted:
-    """At most `steps` AdamW steps of the draft on batches drawn from `data` (learning rate: 20 steps of warmup,
-    then a cosine to 0 at the last step); with a deadline, the last step is brought forward so that the run ends
-    in time with `reserve` seconds left (an evaluation's), the cosine with it. `evaluate()` (held-out tau) runs
-    `config.curve_points` times, evenly spread. Losses are read back every LOG_EVERY steps, when rank 0 logs them
-    and the learning rates to `live` (DVCLive)."""
-    device = next(trainee.parameters()).device
-    model = draft_loss(trainee)
-    if distributed:  # every rank steps with the mean gradient; the caches are not model state
-        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
-    params = [p for p in trainee.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, fused=device.type == "cuda" or None)
-    horizon = steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, horizon) / horizon)))
-    gen = torch.Generator().manual_seed(config.seed * 1000 + rank)
-    fitted, pending, rates, trained_s, eval_s = Fitted([], 0, []), [], [], 0.0, reserve
-    bar = tqdm(total=steps, desc="[train_draft] training", unit="step", disable=rank != 0)
-    step, since = 0, time.perf_counter()
-    while step < horizon:
-        picks = [data[i] for i in torch.randint(0, len(data), (config.batch,), generator=gen).tolist()]
-        batch = pack(picks, [sample_anchors(s, config.anchors, gen) for s in picks], config.block_size, mask_id,
-                     config.gamma, trainee.context_window)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        rates.append(schedule.get_last_lr()[0])
-        schedule.step()
-        pending.append(loss.detach())
-        fitted.rows += batch.tokens.shape[1]
-        step += 1
-        bar.update()
-        point = len(fitted.curve) < config.curve_points and step >= horizon * (len(fitted.curve) + 1) / (
-            config.curve_points + 1)
-        if len(pending) < LOG_EVERY and step not in (horizon, CALIBRATE) and not point:
-            continue
-        for value, lr in zip(torch.stack(pending).tolist(), rates):  # the one wait for the device
-            fitted.losses.append(value)
-            if live:
-                live.log_metric("loss", value)
-                live.log_metric("lr", lr)
-                live.next_step()
-        pending, rates = [], []
-        since, trained_s = time.perf_counter(), trained_s + clock.add("training", since) - since
-        if point:
-            tau = evaluate()
-            fitted.curve.append({"step": step, "rows": fitted.rows, "loss": fitted.losses[-1], "heldout_tau": tau})
-            since, eval_s = time.perf_counter(), time.perf_counter() - since
-        if clock.deadline is not None:  # the steps the clock leaves, at this rate, after the evaluations still due
-            left = clock.left() - reserve - eval_s * (config.curve_points - len(fitted.curve))
-            horizon = _agreed(max(step, min(steps, step + int(left / (trained_s / step)))), device, distributed)
-            bar.total = horizon
-    bar.close()
-    clock.add("training", since)
-    return fitted
-
-
-def _agreed(horizon: int, device: torch.device, distributed: bool) -> int:
-    """Under torchrun, the earliest last step any rank's clock allows, so that every rank stops at the same step."""
-    if not distributed:
-        return horizon
-    agreed = torch.tensor([horizon], device=device)
-    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
-    return int(agreed)
-
-
-def _prompts(config: TrainConfig, tok, model, device: torch.device, log, deadline: float | None = None
-             ) -> tuple[list[dict], list[dict], dict]:
-    """(held-out rows, training rows, their counts): the prompt set's, then `synthetic_prompts` the target writes
-    itself (none, in one logged line, when it has no chat template; no batch of them starts after `deadline`), then
-    long rows as `long_prompts` asks."""
-    heldout, train = training_prompts(config)
-    synthetic = []
-    if config.synthetic_prompts and user_turn(tok) is None:
-        log(f"[train_draft] the target has no chat template to write its own prompts with: training on "
-            f"train_draft.prompts={config.prompts} alone")
-    elif config.synthetic_prompts:
-        measured = is_measured(config)
-        written = synthesize_prompts(model, tok, config.synthetic_prompts, config.seed, batch=config.generate_batch,
-                                     exclude=[text_of(r["prompt"]) for r in heldout], device=device, log=log,
-                                     deadline=deadline)
-        synthetic = [r for r in written if not measured(r["prompt"])]
-        if len(synthetic) < len(written):
-            log(f"[train_draft] {len(written) - len(synthetic)} prompts the target wrote are measured prompts "
-                "(validate's and bench's eval split): left out")
-    counts = {"set": len(train), "synthetic": len(synthetic), "heldout": len(heldout),
-              "synthetic_examples": [r["prompt"] for r in synthetic[:5]]}
-    heldout, train = with_long_rows(config, heldout, train + synthetic, lambda p: len(encode_chat(tok, p)))
-    return heldout, train, counts
-
-
-def _card(config: TrainConfig, target_dir: Path, data: list[Sequence], mask_id: int, counts: dict, heldout: int,
-          fitted: Fitted, tau_before: float, tau_after: float) -> dict:
-    """The draft's card (train_draft.json): what it was trained on, and held-out tau before, during and after."""
-    reply_tokens = sum(len(s.tokens) - s.prompt_len for s in data)
-    return {"steps": len(fitted.losses), "final_loss": fitted.losses[-1], "heldout_tau_untrained": tau_before,
-            "heldout_tau": tau_after, "target_checkpoint_id": checkpoint_id(target_dir),
-            "train_sequences": len(data), "mask_token_id": mask_id,
-            "data": {"prompts": counts, "sequences": len(data), "reply_tokens": reply_tokens,
-                     "heldout_prompts": heldout},
-            "curve": [{"step": 0, "rows": 0, "loss": None, "heldout_tau": tau_before}, *fitted.curve,
-                      {"step": len(fitted.losses), "rows": fitted.rows, "loss": fitted.losses[-1],
-                       "heldout_tau": tau_after}],
-            "config": asdict(config)}
+def _card(config: TrainConfig, target_dir: Path, data: list[Sequence], mask_id: int, progress: state.Progress,
+          heldout: int, head: int | None, campaign: bool) -> dict:
+    """The draft's card (train_draft.json): what it was trained on, and held-out tau before, during and after; a
+    campaign's also each session's host, dtype and rates."""
+    end = progress.curve[-1]
+    card = {"steps": progress.step, "final_loss": progress.losses[-1] if progress.losses else None,
+            "heldout_tau_untrained": progress.tau_untrained, "heldout_tau": end["heldout_tau"],
+            "heldout_block_tau": end["block_tau"], "target_checkpoint_id": checkpoint_id(target_dir),
+            "train_sequences": len(data), "mask_token_id": mask_id, "head_vocab": head,
+            "data": {"prompts": progress.counts, "sequences": len(data),
+                     "reply_tokens": sum(len(s.tokens) - s.prompt_len for s in data), "heldout_prompts": heldout},
+            "curve": progress.curve, "config": asdict(config)}
+    return card | ({"sessions": progress.sessions} if campaign else {})
 
 
 def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.device, rank: int, distributed: bool,
-           log, live_dir: Path) -> dict:
+           log, live_dir: Path, state_dir: Path | None) -> dict:
     clock = Clock(config.minutes)
     torch.manual_seed(config.seed)
+    target_id = checkpoint_id(target_dir)
+    if state_dir is not None and distributed:
+        raise ValueError("--resume trains on one process; run it without torchrun")
+    saved = state.load(state_dir, config, target_id) if state_dir is not None else None
+    dtype = compute_dtype(config, device)
     layers = zlab.default_target_layer_ids(load_config(target_dir).num_hidden_layers, config.num_layers)
     target = load_target(target_dir, layers, config.max_seq_len)
     _check_mask_token(target_dir, config.mask_token_id, target.args.vocab_size)
     draft_cfg, draft = new_draft(target_dir, target, config)
     mask_id = draft_cfg["dflash_config"]["mask_token_id"]
-    eos, tok, model = set(eos_ids(target_dir)), tokenizer(target_dir), reply_model(target_dir, device)
-    since = clock.add("loading", clock.start)
-    # with `minutes`, the data phases stop starting batches at a fifth and at half of the run: training gets the rest
-    heldout_rows, train_rows, counts = _prompts(config, tok, model, device, log, clock.until(0.2))
-    heldout = fitting([encode_chat(tok, r["prompt"]) for r in heldout_rows], config, "held-out", log)
-    train_prompts = fitting([encode_chat(tok, r["prompt"]) for r in train_rows], config, "training", log)
-    since = clock.add("synthesis", since)
-    data = target_sequences(model, target.layer_ids, train_prompts, config.max_new_tokens, eos, config.generate_batch,
-                            torch.bfloat16 if device.type == "cuda" else torch.float32, clock.until(0.5), log)
+    eos, tok, model = set(eos_ids(target_dir)), tokenizer(target_dir), reply_model(target_dir, device, dtype)
+    log(f"[train_draft] {device} ({state.host()}): replies, taps and training in {DTYPE_NAMES[dtype]}")
+    clock.add("loading", clock.start)
+    saved, had = collect(config, saved, state_dir, target_id, tok, model, eos, device, draft, clock, log)
+    since = time.perf_counter()
+    data, heldout = (tapped(model, target.layer_ids, ids, taps_dtype=dtype) for ids in (saved.train, saved.heldout))
     del model
-    since = clock.add("replies", since)
-    reply_tokens = sum(len(s.tokens) - s.prompt_len for s in data)
-    log(f"[train_draft] {len(data)} target responses ({reply_tokens} tokens, "
-        f"{reply_tokens / clock.seconds['replies']:.0f} tokens/s on {device}; mask token {mask_id})")
-    tau_before = acceptance(target, draft, heldout, eos, config, mask_id, "untrained")
-    since = clock.add("evaluation", since)
-    steps = planned_steps(config, draft)
-    budget = f" (compute_budget {config.compute_budget:.2e})" if steps < config.steps else ""
-    log(f"[train_draft] {steps} steps of {step_macs(config, draft):.2e} MACs{budget}"
-        + (f", or fewer: {config.minutes:.1f} minutes in all" if config.minutes is not None else ""))
+    clock.add("taps", since)
+    new_tokens = sum(len(s.tokens) - s.prompt_len for s in data[had:])
+    if "replies" in clock.seconds:
+        log(f"[train_draft] {len(data) - had} target responses ({new_tokens} tokens, "
+            f"{new_tokens / clock.seconds['replies']:.0f} tokens/s on {device}; mask token {mask_id})")
+    if config.head_vocab != "full":  # the set export.draft_vocab of the same size keeps
+        emitted = Counter(t for tokens, p in saved.train for t in tokens[p:])
+        reduce_head(draft, head_ids(tok, eos, emitted, config.head_vocab, target.args.vocab_size))
     trainee = draft if device.type == "cpu" else copy.deepcopy(draft).to(device)
-
-    def evaluate() -> float:  # on the host, by the reference decoding, with the weights trained so far
-        started = time.perf_counter()
-        if trainee is not draft:  # its own weights only: the borrowed head and embedding never change
-            draft.load_state_dict({k: v for k, v in trainee.state_dict().items() if k not in zlab.BORROWED},
-                                  strict=False)
-        tau = acceptance(target, draft, heldout, eos, config, mask_id, "training")
-        clock.add("evaluation", started)
-        return tau
-
-    live = _live(live_dir) if rank == 0 else None
-    fitted = _fit(trainee, data, config, steps, mask_id, rank, distributed, live, clock, clock.seconds["evaluation"],
-                  evaluate)
-    tau_after = evaluate()
-    log(f"[train_draft] held-out tau {tau_before:.2f} -> {tau_after:.2f} after {len(fitted.losses)} steps "
-        f"({fitted.rows / clock.seconds['training']:.0f} block rows/s; {time.perf_counter() - clock.start:.0f} s)")
-    report = _card(config, target_dir, data, mask_id, counts, len(heldout), fitted, tau_before, tau_after)
-    if live:  # the run's summary (metrics.json): what `dvc exp show` lists as train_draft's metrics
-        for key in ("heldout_tau_untrained", "heldout_tau", "final_loss", "steps", "train_sequences"):
-            live.summary[key] = report[key]
-        live.end()
+    run = Run(config, target, draft, trainee, data, [s.tokens[:s.prompt_len].tolist() for s in heldout], heldout, eos,
+              mask_id, dtype, clock, saved.progress)
+    progress, first_rows = _fit_session(run, saved, state_dir, target_id, rank, distributed, live_dir, log)
+    report = _card(config, target_dir, data, mask_id, progress, len(heldout),
+                   None if config.head_vocab == "full" else config.head_vocab, state_dir is not None)
+    report["macs"] = progress.step * step_macs(config, draft)
     since = time.perf_counter()
     zlab.save_draft(out_dir, draft_cfg, draft.state_dict())
-    write_counts(out_dir, [s.tokens[s.prompt_len:].tolist() for s in data])  # for export.draft_vocab
+    write_counts(out_dir, [tokens[p:] for tokens, p in saved.train])  # for export.draft_vocab
     write_json(out_dir / "train_draft.json", report)  # the card; the clock's figures only in what is returned
     clock.add("saving", since)
-    seconds = {k: round(v, 2) for k, v in clock.seconds.items()} | {"total": round(time.perf_counter() - clock.start, 2)}
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return report | {"timings": {"seconds": seconds, "device": f"{device} ({name})", "reply_tokens_per_s": round(
-        reply_tokens / clock.seconds["replies"], 1), "block_rows_per_s": round(fitted.rows / clock.seconds["training"], 1)}}
+    seconds = {k: round(v, 2) for k, v in clock.seconds.items()}
+    seconds["total"] = round(time.perf_counter() - clock.start, 2)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {state.host()}"
+    rates = {"block_rows_per_s": round((progress.rows - first_rows) / clock.seconds["training"], 1)}
+    if "replies" in clock.seconds:
+        rates["reply_tokens_per_s"] = round(new_tokens / clock.seconds["replies"], 1)
+    return report | {"timings": {"seconds": seconds, "device": f"{device} ({name})", "dtype": DTYPE_NAMES[dtype],
+                                 **rates}}
+
+
+@dataclass
+class Run:
+    """What a session's training and its measurements share."""
+
+    config: TrainConfig
+    target: Target
+    draft: Draft                  # on the host: the reference decoding's
+    trainee: Draft                # the one that trains (the draft itself on the CPU, a copy on a GPU)
+    data: list[Sequence]          # the training sequences, with their taps
+    prompts: list[list[int]]      # the held-out prompts
+    heldout: list[Sequence]       # and the target's replies to them, with their taps
+    eos: set[int]
+    mask_id: int
+    dtype: torch.dtype
+    clock: Clock
+    progress: state.Progress
+
+    def block_tau(self) -> float:
+        """Held-out block tau of the weights trained so far (one batched pass)."""
+        device = next(self.trainee.parameters()).device
+        with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            return block_tau(self.trainee, self.heldout, self.config.block_size, self.mask_id)
+
+    def heldout_tau(self) -> float:
+        """Held-out tau of the weights trained so far, by the reference decoding on the host."""
+        started = time.perf_counter()
+        if self.trainee is not self.draft:  # its own weights only: the borrowed head and embedding never change
+            self.draft.load_state_dict({k: v for k, v in self.trainee.state_dict().items() if k not in zlab.BORROWED},
+                                       strict=False)
+        tau = acceptance(self.target, self.draft, self.prompts, self.eos, self.config, self.mask_id, "training")
+        self.progress.eval_seconds = self.clock.add("evaluation", started) - started
+        return tau
+
+    def point(self) -> dict:
+        """A curve point at the progress so far, by both measures."""
+        p = self.progress
+        return {"step": p.step, "rows": p.rows, "loss": p.losses[-1] if p.losses else None,
+                "heldout_tau": self.heldout_tau(), "block_tau": self.block_tau(),
+                "reply_tokens": sum(len(s.tokens) - s.prompt_len for s in self.data)}
+
+
+def _fit_session(run: Run, saved: state.Saved, state_dir: Path | None, target_id: str, rank: int, distributed: bool,
+                 live_dir: Path, log) -> tuple[state.Progress, int]:
+    """This session's steps (fit.fit), held-out tau before (a new run) and after, each save of a campaign; returns
+    the progress and the block rows it had before."""
+    config, progress = run.config, run.progress
+    if progress.tau_untrained is None:  # a new run, or one whose state was saved before its first step
+        progress.curve.append(run.point())
+        progress.tau_untrained = progress.curve[-1]["heldout_tau"]
+    steps = planned_steps(config, run.draft)
+    budget = f" (compute_budget {config.compute_budget:.2e})" if steps < config.steps else ""
+    log(f"[train_draft] {steps} steps of {step_macs(config, run.draft):.2e} MACs{budget}"
+        + (f", or fewer: {config.minutes:.1f} minutes in all" if config.minutes is not None else ""))
+    session = {"host": state.host(), "device": str(next(run.trainee.parameters()).device),
+               "dtype": DTYPE_NAMES[run.dtype], "from_step": progress.step,
+               "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    progress.sessions.append(session)
+    first_rows = progress.rows
+
+    def save(tensors: dict[str, torch.Tensor]) -> None:
+        session.update(to_step=progress.step, block_rows_per_s=round(
+            (progress.rows - first_rows) / max(run.clock.seconds.get("training", 0.0), 1e-9), 1))
+        state.save(state_dir, config, target_id, state.Saved(saved.train, saved.heldout, progress, tensors))
+
+    live = _live(live_dir) if rank == 0 else None
+    loop = Loop(rank, distributed, live, run.block_tau, saved.tensors if progress.step else None,
+                save if state_dir is not None else None, run.dtype)
+    tensors = fit(run.trainee, run.data, config, steps, run.mask_id, run.clock, progress.eval_seconds, progress, loop)
+    progress.curve.append(run.point())
+    if state_dir is not None:
+        save(tensors)
+    log(f"[train_draft] held-out tau {progress.tau_untrained:.2f} -> {progress.curve[-1]['heldout_tau']:.2f} after "
+        f"{progress.step} steps ({(progress.rows - first_rows) / run.clock.seconds['training']:.0f} block rows/s; "
+        f"{time.perf_counter() - run.clock.start:.0f} s)")
+    if live:  # the run's summary (metrics.json): what `dvc exp show` lists as train_draft's metrics
+        for key, value in (("heldout_tau_untrained", progress.tau_untrained),
+                           ("heldout_tau", progress.curve[-1]["heldout_tau"]),
+                           ("final_loss", progress.losses[-1] if progress.losses else None), ("steps", progress.step),
+                           ("train_sequences", len(saved.train))):
+            live.summary[key] = value
+        live.end()
+    return progress, first_rows
 
 
 def _live(live_dir: Path):

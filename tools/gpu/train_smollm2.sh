@@ -17,6 +17,6 @@ echo "setup: $(( $(date +%s) - start )) s"
 TQDM_MININTERVAL=20 PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 -m dflash_et.cli train-draft /tmp/smollm2.gguf \
     "$OUT/draft" --minutes "${MINUTES:-8.5}" --device "${DEVICE:-cuda}" --dtype bf16 --shard-mb 15 \
     --set synthetic_prompts=12000 --set num_prompts=768 --set max_new_tokens=128 --set generate_batch=512 \
-    --set batch=32 --set steps=100000 --set compute_budget=null --set curve_points=4 "$@" 2>&1 \
+    --set batch=32 --set steps=100000 --set compute_budget=null --set curve_points=4 --set precision=auto "$@" 2>&1 \
     | stdbuf -oL tr '\r' '\n' | while IFS= read -r line; do [ -z "$line" ] || echo "$(date +%T) $line"; done \
     | tee "$OUT/log"

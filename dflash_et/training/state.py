@@ -1,0 +1,152 @@
+"""A training run's resumable state (`dflash train-draft TARGET OUT --resume DIR`): a campaign of runs, each
+continuing the last, so a draft can train for many hours on machines that each live for a few.
+
+DIR holds three files, written together (a staged folder swapped in whole: a run stopped mid-write leaves the
+last complete state):
+- `replies.npz`: the token ids of every training sequence and held-out reply (prompt + the target's greedy reply),
+  compressed. The taps are not kept (gigabytes): a resumed run recomputes them from the ids in one prefill each.
+- `state.safetensors`: the draft's own weights, AdamW's moments (fp32, so that a resumed run steps exactly as an
+  uninterrupted one) and the batch sampler's generator.
+- `state.json`: the step, block rows, losses, curve, each session's host, dtype and rates, the prompts' counts, the
+  target's fingerprint and the settings that shape the run (`FIXED`).
+"""
+
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from dflash_et.files import staged_dir, write_json
+from dflash_et.training.config import TrainConfig
+
+FILES = ("replies.npz", "state.safetensors", "state.json")
+# Settings a resumed run may change: the clock, where and in what it runs, how often it saves and measures, the
+# campaign's planned steps (the cosine is then the new length's), and how many prompts the target writes itself (more
+# than the state holds: a resumed run writes and answers the rest). Every other one shapes the draft or its data.
+CHANGEABLE = {"minutes", "device", "precision", "save_minutes", "curve_points", "steps", "compute_budget",
+              "synthetic_prompts", "generate_batch"}
+
+
+@dataclass
+class Progress:
+    """How far a run has come; what state.json holds beside its settings."""
+
+    step: int = 0
+    rows: int = 0
+    losses: list[float] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)
+    sessions: list[dict] = field(default_factory=list)
+    counts: dict = field(default_factory=dict)
+    tau_untrained: float | None = None
+    eval_seconds: float = 0.0     # the last full held-out decode's: what a session keeps for its final one
+
+
+@dataclass
+class Saved:
+    """A run's state as read back from DIR."""
+
+    train: list[tuple[list[int], int]]    # (tokens, prompt length) of each training sequence
+    heldout: list[tuple[list[int], int]]  # the same of each held-out prompt and its reply
+    progress: Progress
+    tensors: dict[str, torch.Tensor]      # draft.<name>, exp_avg.<name>, exp_avg_sq.<name>, generator
+
+
+def refuse(state_dir: Path, why: str) -> ValueError:
+    return ValueError(f"--resume {state_dir}: {why}; resume from the folder an earlier run wrote, or give a new or "
+                      "empty folder to start a run there")
+
+
+def load(state_dir: Path, config: TrainConfig, target_id: str) -> Saved | None:
+    """The state in `state_dir`, or None where there is none yet (a missing or empty folder: a new run starts).
+    A damaged state, one of another target, or one trained with other settings than `config` (beyond
+    `CHANGEABLE`) is refused in one line, before anything is written."""
+    if not state_dir.exists() or (state_dir.is_dir() and not any(state_dir.iterdir())):
+        return None
+    missing = [name for name in FILES if not (state_dir / name).is_file()]
+    if missing:
+        raise refuse(state_dir, f"{missing[0]} is missing, so this is not a training run's state")
+    try:
+        meta = json.loads((state_dir / "state.json").read_text())
+        progress = Progress(**meta["progress"])
+        settings, saved_target = meta["settings"], meta["target_checkpoint_id"]
+        with np.load(state_dir / "replies.npz") as arrays:
+            train, heldout = _sequences(arrays, "train"), _sequences(arrays, "heldout")
+        tensors = load_file(state_dir / "state.safetensors")
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
+        raise refuse(state_dir, f"its state is damaged ({type(e).__name__}: {str(e)[:80]})") from None
+    if saved_target != target_id:
+        raise refuse(state_dir, f"it trained a draft for another target (fingerprint {saved_target}, this one "
+                                f"{target_id})")
+    ours = asdict(config)
+    for key, value in settings.items():
+        if key not in CHANGEABLE and ours.get(key) != value:
+            raise refuse(state_dir, f"it was trained with train_draft.{key}={value!r}, not {ours.get(key)!r} (pass "
+                                    f"--set {key}={json.dumps(value)} to continue it)")
+    return Saved(train, heldout, progress, tensors)
+
+
+def save(state_dir: Path, config: TrainConfig, target_id: str, saved: Saved) -> None:
+    """Write `saved` to `state_dir` whole, replacing what was there."""
+    with staged_dir(state_dir) as tmp:
+        np.savez_compressed(tmp / "replies.npz", **_arrays(saved.train, "train"), **_arrays(saved.heldout, "heldout"))
+        save_file({k: v.detach().contiguous() for k, v in saved.tensors.items()}, tmp / "state.safetensors")
+        write_json(tmp / "state.json", {"target_checkpoint_id": target_id, "settings": asdict(config),
+                                        "progress": asdict(saved.progress)})
+
+
+def trainer_tensors(trainee: torch.nn.Module, opt: torch.optim.Optimizer | None, gen: torch.Generator
+                    ) -> dict[str, torch.Tensor]:
+    """What state.safetensors keeps of a run: the draft's trainable weights, their AdamW moments and step (none
+    before the first step: `opt` None), the batch sampler's generator."""
+    out = {"generator": gen.get_state()}
+    for name, p in trainee.named_parameters():
+        if not p.requires_grad:
+            continue
+        out[f"draft.{name}"] = p.detach().float().cpu()
+        for key, value in (opt.state.get(p, {}) if opt is not None else {}).items():
+            out[f"{key}.{name}"] = value.detach().float().cpu().reshape(p.shape if key != "step" else ())
+    return out
+
+
+def restore(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module, opt: torch.optim.Optimizer,
+            gen: torch.Generator) -> None:
+    """Put `trainer_tensors`' output back into a freshly built draft, its optimizer and generator."""
+    gen.set_state(tensors["generator"])
+    with torch.no_grad():
+        for name, p in trainee.named_parameters():
+            if not p.requires_grad:
+                continue
+            p.copy_(tensors[f"draft.{name}"])
+            moments = {key: tensors[f"{key}.{name}"].to(p.device) for key in ("step", "exp_avg", "exp_avg_sq")
+                       if f"{key}.{name}" in tensors}
+            if moments:
+                opt.state[p] = moments
+
+
+def host() -> str:
+    """The machine a session ran on, as a card records it (the CPU's model name where Linux says it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _arrays(seqs: list[tuple[list[int], int]], name: str) -> dict[str, np.ndarray]:
+    tokens = [t for s, _ in seqs for t in s]
+    return {f"{name}_tokens": np.asarray(tokens, dtype=np.int32),
+            f"{name}_lengths": np.asarray([len(s) for s, _ in seqs], dtype=np.int32),
+            f"{name}_prompt_lens": np.asarray([p for _, p in seqs], dtype=np.int32)}
+
+
+def _sequences(arrays, name: str) -> list[tuple[list[int], int]]:
+    tokens, lengths = arrays[f"{name}_tokens"].tolist(), arrays[f"{name}_lengths"].tolist()
+    starts = np.cumsum([0, *lengths]).tolist()
+    return [(tokens[a:a + n], p) for a, n, p in zip(starts, lengths, arrays[f"{name}_prompt_lens"].tolist())]

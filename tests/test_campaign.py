@@ -1,0 +1,233 @@
+"""A training campaign on the CPU: sequences attended one at a time, a training head over the emitted tokens,
+block tau in one batched pass, the warm start, bf16 where the CPU has it, and runs that resume exactly."""
+
+import copy
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_et.checkpoints.pair import load_pair
+from dflash_et.models.draft import reduce_head
+from dflash_et.training import config as training_config
+from dflash_et.training import state
+from dflash_et.training.blocks import block_tau, draft_loss, head_labels, pack
+from dflash_et.training.config import TrainConfig, compute_dtype
+from dflash_et.training.data import Sequence
+from dflash_et.training.fit import Clock, Loop, fit
+from dflash_et.training.train import new_draft
+
+BLOCK = 6
+
+
+@pytest.fixture(scope="module")
+def setup(pair):
+    target, _, _ = load_pair(*pair, max_seq_len=128)
+    config = TrainConfig(num_layers=2, block_size=BLOCK, max_seq_len=128, batch=2, anchors=4)
+    cfg, draft = new_draft(pair[0], target, config)
+    g = torch.Generator().manual_seed(0)
+    seqs = []
+    for length, prompt_len in ((40, 10), (25, 6), (33, 12)):
+        tokens = torch.randint(0, target.args.vocab_size, (length,), generator=g)
+        with torch.no_grad():
+            _, taps = target(tokens[None], torch.arange(length))
+        seqs.append(Sequence(tokens, taps[0, :-1], prompt_len))
+    return target, draft, cfg["dflash_config"]["mask_token_id"], seqs, config
+
+
+def test_attending_each_sequence_alone_is_the_dense_masked_call(setup):
+    """`Batch.segments`: the loss and every gradient equal those of the one dense masked attention."""
+    _, draft, mask_id, seqs, _ = setup
+    batch = pack(seqs, [torch.tensor([10, 20, 35]), torch.tensor([6, 15]), torch.tensor([12, 30])], BLOCK, mask_id, 7.0)
+    assert batch.segments == ((0, 3 * BLOCK, 0, 35), (3 * BLOCK, 5 * BLOCK, 35, 50), (5 * BLOCK, 7 * BLOCK, 50, 80))
+    params = [p for p in draft.parameters() if p.requires_grad]
+    results = []
+    for segments in (batch.segments, None):
+        loss = draft_loss(draft)(replace(batch, segments=segments))
+        results.append((loss.detach(), torch.autograd.grad(loss, params)))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    for ours, dense in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(ours, dense, rtol=1e-4, atol=1e-6)
+
+
+def test_a_reduced_training_head_scores_its_tokens_and_drops_the_rest(setup):
+    """train_draft.head_vocab: labels become rows of the kept set; a label outside it carries no loss, and the loss
+    over the kept labels is the cross-entropy over the kept tokens' logits alone."""
+    target, draft, mask_id, seqs, _ = setup
+    reduced = copy.deepcopy(draft)
+    kept = sorted(set(seqs[0].tokens[10:25].tolist()) | {0, 1, 2})
+    reduce_head(reduced, kept)
+    labels = torch.tensor([-100, kept[1], kept[-1], next(t for t in range(500) if t not in kept)])
+    assert head_labels(reduced, labels).tolist() == [-100, 1, len(kept) - 1, -100]
+    assert head_labels(draft, labels).equal(labels)
+    batch = pack(seqs[:1], [torch.tensor([12, 30])], BLOCK, mask_id, 7.0)
+    with torch.no_grad():
+        loss = draft_loss(reduced)(batch)
+        _, full = draft.packed(batch.tokens, batch.hidden, batch.ctx_pos, batch.block_pos, batch.mask, batch.rows)
+        rows = head_labels(reduced, batch.labels[batch.rows])
+        inside = rows >= 0
+        expected = torch.nn.functional.cross_entropy(full[0][:, kept][inside], rows[inside], reduction="none")
+        weights = batch.weights[batch.rows][inside]
+    torch.testing.assert_close(loss, (expected * weights).sum() / weights.sum())
+
+
+def test_block_tau_is_the_accepted_run_of_each_anchors_cached_draft_call(setup):
+    """block_tau: 1 + the leading proposals (argmax of the inference call with the context before the anchor)
+    that match the sequence, averaged over every anchor from the prompt's last token on."""
+    _, draft, mask_id, seqs, _ = setup
+    runs = []
+    with torch.no_grad():
+        for seq in seqs:
+            for a in range(seq.prompt_len - 1, len(seq.tokens) - 1):
+                block = torch.tensor([[int(seq.tokens[a])] + [mask_id] * (BLOCK - 1)])
+                proposed = draft(block, seq.taps[None, :a], torch.arange(a))[0].argmax(-1).tolist()
+                truth = seq.tokens[a + 1:a + BLOCK].tolist()
+                run = 0
+                while run < len(truth) and proposed[run] == truth[run]:
+                    run += 1
+                runs.append(1 + run)
+    assert block_tau(draft, seqs, BLOCK, mask_id) == pytest.approx(sum(runs) / len(runs))
+
+
+def test_the_warm_start_copies_the_targets_last_layers(pair):
+    target, _, _ = load_pair(*pair, max_seq_len=128)
+    _, draft = new_draft(pair[0], target, TrainConfig(num_layers=2, max_seq_len=128, warm_start=True))
+    copied = 0
+    for ours, theirs in zip(draft.layers, target.layers[-2:]):
+        given = dict(theirs.named_parameters())
+        for name, p in ours.named_parameters():
+            if name in given and given[name].shape == p.shape:
+                assert p.equal(given[name]) and p.data_ptr() != given[name].data_ptr()
+                copied += 1
+    assert copied >= 9  # q, k, v, o, gate, up, down and both norms, each layer
+    _, cold = new_draft(pair[0], target, TrainConfig(num_layers=2, max_seq_len=128))
+    assert not cold.layers[0].mlp.up_proj.weight.equal(draft.layers[0].mlp.up_proj.weight)
+
+
+def test_bf16_where_the_cpu_has_it_and_fp32_elsewhere(monkeypatch):
+    cpu = torch.device("cpu")
+    for amx, avx512_bf16, expected in ((False, False, torch.float32), (True, False, torch.bfloat16),
+                                       (False, True, torch.bfloat16)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda b=avx512_bf16: b)
+        assert compute_dtype(TrainConfig(precision="auto"), cpu) == expected
+        assert compute_dtype(TrainConfig(), cpu) == torch.float32  # the pipeline's default: the same draft anywhere
+        assert compute_dtype(TrainConfig(precision="fp32"), cpu) == torch.float32
+        assert compute_dtype(TrainConfig(precision="bf16"), cpu) == torch.bfloat16
+    assert training_config.has_fast_bf16(torch.device("cuda"))
+    with pytest.raises(ValueError, match="train_draft.precision='fp16' is not one of auto, fp32, bf16"):
+        compute_dtype(TrainConfig(precision="fp16"), cpu)
+
+
+class StepClock(Clock):
+    """A clock that runs out after `steps` calls of `left` (one a step): a session stopped at a known step."""
+
+    def __init__(self, steps: int):
+        super().__init__(None)
+        self.calls, self.steps = 0, steps
+
+    def left(self) -> float:
+        self.calls += 1
+        return float("inf") if self.calls <= self.steps else float("-inf")
+
+
+def test_a_resumed_run_steps_exactly_as_an_uninterrupted_one(setup, pair, tmp_path):
+    """Stopped after 5 of 12 steps, saved to disk, read back into a new draft and optimizer: the 7 steps after
+    give the same weights, moments and losses as 12 steps in one go."""
+    target, _, mask_id, seqs, config = setup
+
+    def fresh():
+        return new_draft(pair[0], target, config)[1]
+
+    def run(draft, clock, progress, resume=None, saves=None):
+        loop = Loop(resume=resume, save=saves.append if saves is not None else None)
+        return fit(draft, seqs, config, 12, mask_id, clock, 0.0, progress, loop)
+
+    whole = state.Progress()
+    uninterrupted = run(fresh(), Clock(None), whole)
+    first, saved = state.Progress(), []
+    tensors = run(fresh(), StepClock(5), first, saves=saved)
+    assert first.step == 5 and len(first.losses) == 5
+    state.save(tmp_path / "state", config, "fp", state.Saved([([1, 2, 3], 1)], [([1, 2], 1)], first, tensors))
+    back = state.load(tmp_path / "state", config, "fp")
+    assert back.progress == first and back.train == [([1, 2, 3], 1)] and back.heldout == [([1, 2], 1)]
+    resumed = run(fresh(), StepClock(100), back.progress, resume=back.tensors, saves=[])
+    assert back.progress.step == 12 and back.progress.losses == whole.losses and back.progress.rows == whole.rows
+    assert resumed.keys() == uninterrupted.keys()
+    for key in uninterrupted:
+        assert resumed[key].equal(uninterrupted[key]), key
+
+
+def test_a_damaged_or_foreign_state_is_one_line_and_nothing_is_written(tmp_path):
+    config = TrainConfig()
+    good = tmp_path / "good"
+    state.save(good, config, "fp", state.Saved([([1, 2, 3], 1)], [], state.Progress(step=3), {"x": torch.zeros(2)}))
+    assert state.load(tmp_path / "new", config, "fp") is None
+    (tmp_path / "empty").mkdir()
+    assert state.load(tmp_path / "empty", config, "fp") is None
+    cases = {
+        "missing": (lambda d: (d / "state.json").unlink(),
+                    "state.json is missing, so this is not a training run's state"),
+        "truncated": (lambda d: (d / "state.safetensors").write_bytes(b"\x10\x00"), "its state is damaged"),
+        "json": (lambda d: (d / "state.json").write_text("{"), "its state is damaged"),
+    }
+    for name, (damage, said) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        damage(folder)
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        with pytest.raises(ValueError) as e:
+            state.load(folder, config, "fp")
+        assert said in str(e.value) and "\n" not in str(e.value)
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    with pytest.raises(ValueError, match="another target"):
+        state.load(good, config, "other")
+    with pytest.raises(ValueError, match=r"train_draft.lr=0.001, not 0.002 \(pass --set lr=0.001 to continue it\)"):
+        state.load(good, replace(config, lr=2e-3), "fp")
+    assert state.load(good, replace(config, minutes=5.0, steps=9000, precision="fp32"), "fp").progress.step == 3
+
+
+@pytest.mark.slow
+def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path):
+    """`dflash train-draft ... --resume DIR` twice: the second run continues at the first one's step with its
+    replies, writes and answers the prompts a larger `synthetic_prompts` asks for, and its card lists both
+    sessions; a damaged DIR is refused in one line before anything is written."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tests import REPO
+
+    def train(steps: int, synthetic: int, out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dflash_et.cli", "train-draft", str(trained_pair[0]), str(out),
+                               "--resume", str(tmp_path / "state"), "--set", f"steps={steps}", "--set",
+                               f"synthetic_prompts={synthetic}", "--set", "num_prompts=6", "--set", "heldout=2",
+                               "--set", "max_new_tokens=12", "--set", "head_vocab=64", "--set", "batch=2",
+                               "--set", "compute_budget=null", "--set", "generate_batch=8"],
+                              cwd=REPO, capture_output=True, text=True)
+
+    def sequences() -> int:
+        with np.load(tmp_path / "state" / "replies.npz") as arrays:
+            return len(arrays["train_lengths"])
+
+    first = train(6, 4, tmp_path / "draft")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = json.loads((tmp_path / "draft" / "train_draft.json").read_text())["data"]["prompts"]["synthetic"]
+    had = sequences()
+    second = train(10, before + 4, tmp_path / "draft")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resuming {tmp_path / 'state'} at step 6 of 10 ({had} sequences)" in second.stdout
+    card = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
+    grown = card["data"]["prompts"]["synthetic"] - before
+    assert 0 < grown <= 4 and sequences() == had + grown == card["train_sequences"]
+    assert card["steps"] == 10 and [s["from_step"] for s in card["sessions"]] == [0, 6]
+    assert card["head_vocab"] == 64 and card["curve"][0]["step"] == 0 and card["curve"][-1]["step"] == 10
+    (tmp_path / "state" / "state.safetensors").write_bytes(b"garbage")
+    third = train(12, before + 4, tmp_path / "draft2")
+    assert third.returncode != 0 and not (tmp_path / "draft2").exists()
+    said = third.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"error: --resume {tmp_path / 'state'}: its state is damaged")

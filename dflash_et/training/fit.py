@@ -82,7 +82,7 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
     gen = sampler(config, loop.rank)
     if loop.resume is not None:
         restore(loop.resume, trainee, opt, gen)
-    campaign, horizon, first = loop.save is not None, steps, progress.step
+    campaign, horizon, first, before = loop.save is not None, steps, progress.step, len(progress.curve)
     pending, rates, trained_s, saved_at = [], [], 0.0, time.perf_counter()
     bar = tqdm(total=steps, initial=first, desc="[train_draft] training", unit="step", disable=loop.rank != 0)
     step, since = first, time.perf_counter()
@@ -103,8 +103,8 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
         progress.rows += batch.tokens.shape[1]
         step += 1
         bar.update()
-        point = len(progress.curve) < config.curve_points and not campaign and step >= horizon * (
-            len(progress.curve) + 1) / (config.curve_points + 1)
+        made = len(progress.curve) - before  # the points of this fit (the curve holds the start's)
+        point = made < config.curve_points and not campaign and step >= horizon * (made + 1) / (config.curve_points + 1)
         checkpoint = campaign and time.perf_counter() - saved_at > 60 * config.save_minutes
         if len(pending) < LOG_EVERY and step not in (horizon, CALIBRATE) and not point and not checkpoint:
             continue

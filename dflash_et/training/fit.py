@@ -60,7 +60,7 @@ class Loop:
     rank: int = 0
     distributed: bool = False
     live: object = None                             # DVCLive's logger (rank 0), or None
-    measure: Callable[[], float] = lambda: 1.0      # held-out block tau of the draft as trained so far
+    measure: Callable[[], float] | None = None      # held-out block tau of the draft as trained so far
     resume: dict[str, torch.Tensor] | None = None   # state.trainer_tensors of the run continued
     save: Callable[[dict[str, torch.Tensor]], None] | None = None  # a campaign's checkpoint (None: no campaign)
     dtype: torch.dtype = torch.float32              # autocast's, when it is not fp32
@@ -113,7 +113,7 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
         progress.step = step
         if point or checkpoint:
             progress.curve.append({"step": step, "rows": progress.rows, "loss": progress.losses[-1],
-                                   "block_tau": loop.measure()})
+                                   "block_tau": loop.measure() if loop.measure else None})
             since = clock.add("evaluation", since)
         if checkpoint:
             loop.save(trainer_tensors(trainee, opt, gen))

@@ -136,7 +136,7 @@ def test_a_frugal_export_writes_the_plain_ones_program(params, stored, tmp_path:
     draft = random_draft(tmp_path / "draft", target, num_layers=1)
     config = ExportConfig(max_seq_len=32, prefill_chunk=4, max_block_size=4, stock_forward=False, **params)
     monkeypatch.setattr(frugal, "SPILL_FROM_BYTES", 0)  # a pair of a few MB: spilled all the same
-    monkeypatch.setattr(by_rows, "ROW_BLOCK", 1)
+    monkeypatch.setattr(by_rows, "ROW_BLOCK", 7 * 64 * 4)  # 7 rows of a hidden-wide weight, 3 of a wider one: ragged
     monkeypatch.setattr(frugal, "CHUNK", 256)
     repacked = _mlx_repacked_files(monkeypatch) if config.backend == "mlx" else None
     lower.export_program("target", target, draft, config, tmp_path / "frugal")

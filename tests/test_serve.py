@@ -4,6 +4,7 @@
 import asyncio
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -24,7 +25,7 @@ import pytest
 from dflash_et import cli
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import builtin_prompts
-from dflash_et.data.tool_chats import declaration
+from dflash_et.data.tool_chats import declaration, tool_chat
 from dflash_et.runtime.cpp_runner import CppEngine
 from dflash_et.runtime.engine import Engine
 from dflash_et.errors import UserError
@@ -131,21 +132,38 @@ def test_executorch_contract_suite_passes(server, tmp_path):
     assert run.returncode == 0 and "7 passed" in run.stdout and "skipped" not in run.stdout, run.stdout + run.stderr
 
 
+def a_declared_call(programs: Path) -> tuple[list[dict], list[dict], object]:
+    """(messages, tools, parsed): the first of a fixed list of first-turn tool requests that plain greedy decoding of
+    the small trained target answers with one call to a declared tool, parsed as ExecuTorch's Hermes parser parses it.
+    Which requests the small target gets right depends on the host's rounding in its training (one host's target
+    called an undeclared `define_word` for the Oslo question), so the test tries them in order rather than one."""
+    tok, engine, rng = tokenizer(programs), Engine(programs), random.Random(0)
+    requests = [([{"role": "user", "content": "Is it raining in Oslo? Use the tool."}],
+                 [declaration("get_time", "Get the local time in a city.", "city"),
+                  declaration("get_weather", "Get the current weather for a city.", "city")])]
+    requests += [chat[:2] for chat in (tool_chat(rng) for _ in range(24)) if len(chat[0]) == 1]
+    seen = []
+    for messages, tools in requests:
+        ids = encode_chat(tok, messages, tools)
+        if len(ids) + 2 * 64 > engine.max_context_len:  # the call, its result and the answer must fit after it
+            continue
+        written = tok.decode(engine.ar(ids, 64).tokens, skip_special_tokens=True)
+        parsed = HermesDetector().detect_and_parse(written, {t["function"]["name"]: t["function"]["parameters"]
+                                                             for t in tools})
+        if len(parsed.calls) == 1:
+            return messages, tools, parsed
+        seen.append(written)
+    pytest.fail(f"the trained target wrote no call to a declared tool in the {len(seen)} requests that fit: {seen!r}")
+
+
 def test_a_tool_call_comes_back_as_tool_calls_and_its_result_is_answered(server, programs):
-    """A request declaring two tools gets what plain greedy decoding of the same messages and tools writes, parsed
+    """A request declaring tools gets what plain greedy decoding of the same messages and tools writes, parsed
     as ExecuTorch's Hermes parser parses it: a call to a declared tool as OpenAI `tool_calls` (finish_reason
     tool_calls). Sent back with the tool's result, the next reply is plain greedy decoding's of that conversation
     (the server renders the call and the result as the chat template does), as content."""
     url, _ = server
     client = openai.OpenAI(base_url=url, api_key="none")
-    tok = tokenizer(programs)
-    tools = [declaration("get_time", "Get the local time in a city.", "city"),
-             declaration("get_weather", "Get the current weather for a city.", "city")]
-    messages = [{"role": "user", "content": "Is it raining in Oslo? Use the tool."}]
-    written = tok.decode(Engine(programs).ar(encode_chat(tok, messages, tools), 64).tokens, skip_special_tokens=True)
-    parsed = HermesDetector().detect_and_parse(written, {t["function"]["name"]: t["function"]["parameters"]
-                                                         for t in tools})
-    assert parsed.calls, f"the trained target wrote no call to a declared tool: {written!r}"
+    messages, tools, parsed = a_declared_call(programs)
     reply = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, max_tokens=64, temperature=0)
     [call] = reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "tool_calls" and call.type == "function" and call.id

@@ -46,6 +46,7 @@ def test_greedy_lookup_decoding_is_plain_decoding(models, prompts, block):
             out = lookup_decode(models, prompt, block, n=40)
             assert out.tokens == want
             assert sum(r.emitted for r in out.rounds) + 1 == len(out.tokens)
+            assert all(type(r.drafted) is int and r.verified == r.drafted <= block - 1 for r in out.rounds)
             accepted += sum(r.accepted for r in out.rounds)
     assert accepted > 0
 

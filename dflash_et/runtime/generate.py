@@ -205,10 +205,10 @@ def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], 
             break
         t0 = time.perf_counter()
         b = planner.block(pos, room) if planner else room
-        last, proposals, q, draft_s, drafted = out.tokens[-1], [], None, 0.0, b - 1
+        last, proposals, q, draft_s, made = out.tokens[-1], [], None, 0.0, b - 1  # made: proposals made
         if b >= 2 and draft is None:
             proposals = lookup(prompt + out.tokens, b - 1)
-            drafted = len(proposals)
+            made = len(proposals)
         elif b >= 2:
             hidden = torch.cat(unseen, dim=1)
             skip = unread(window, unseen_start, pos)
@@ -233,5 +233,5 @@ def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], 
             unseen.append(taps if accepted == len(proposals) else taps[:, :accepted + 1])  # of `last`, the accepted
         pos += accepted + 1
         out.rounds.append(Round(len(proposals), accepted, len(new), draft_s, verify_s, time.perf_counter() - t0,
-                                drafted))
+                                made))
     return out

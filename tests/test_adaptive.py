@@ -282,8 +282,8 @@ def test_without_a_compiler_auto_says_in_one_line_how_to_get_the_planner(monkeyp
     monkeypatch.delenv("DFLASH_HOST_LIBRARY", raising=False)
     monkeypatch.setattr(native, "PACKAGE_CLONE", tmp_path)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
-    with pytest.raises(UserError, match=r"^block_size auto and DFlash2 drafts need the runner's host library "
-                                        r"\(libdflash_host.so\), .*run `make runner` in a clone"):
+    with pytest.raises(UserError, match=r"^block_size auto, DFlash2 drafts and lookup proposals need the runner's "
+                                        r"host library \(libdflash_host.so\), .*run `make runner` in a clone"):
         native.find_library()
 
 

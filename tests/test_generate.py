@@ -87,7 +87,7 @@ def test_dflash_accepts_good_proposals_and_stays_lossless(models, prompts, block
         assert all(r.emitted == r.accepted + 1 for r in out.rounds[:-1])
         assert draft.fed == list(range(len(draft.fed))), "each context position is fed to the draft exactly once"
         if p == 0.0:  # perfect proposals: every round accepts its whole (possibly clamped) block
-            assert all(r.accepted == r.verified == block - 1 for r in out.rounds[:-1])
+            assert all(r.accepted == r.verified == r.drafted == block - 1 for r in out.rounds[:-1])
             assert out.rounds[-1].accepted == out.rounds[-1].verified
 
 

@@ -33,6 +33,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--tokenizer", type=Path, default=None,
                    help="directory with the target's tokenizer files (default: the programs directory)")
     g.add_argument("--ar", action="store_true", help="plain autoregressive decoding with target.pte (the baseline)")
+    g.add_argument("--lookup", action="store_true",
+                   help="lookup proposals in place of the draft's: what followed the latest earlier occurrence of the "
+                        "context's last tokens, verified by target.pte (no draft call; pays where the reply repeats "
+                        "its prompt); a fixed block (default: the largest the programs take)")
     g.add_argument("--block-size", type=block_size, default=None,
                    help="DFlash block: last token + proposals, or auto: chosen each round from this device's "
                         "cost curve and the draft's confidence (default: auto)")
@@ -90,10 +94,14 @@ def sampling_flags(args: argparse.Namespace) -> dict:
 
 def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
-    args.block_size = args.block_size or AUTO
+    if args.ar and args.lookup:
+        raise UserError("--ar and --lookup are two ways to decode; give one")
+    if args.lookup and args.block_size == AUTO:
+        raise UserError("--lookup takes a fixed --block-size (a number of tokens), not auto")
+    args.block_size = args.block_size or (None if args.lookup else AUTO)
     engine = open_decoder(args.programs, args.runner, args.cost_curve)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
-    if not args.ar and plans(args.block_size, settings.greedy):
+    if not args.ar and not args.lookup and plans(args.block_size, settings.greedy):
         engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     if args.sample and settings.greedy:
         print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "
@@ -118,6 +126,8 @@ def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: P
     on_tokens = None if args.json else stream
     if args.ar:
         out = engine.ar(prompt, args.max_new_tokens, on_tokens, sampler)
+    elif args.lookup:
+        out = engine.lookup(prompt, args.max_new_tokens, args.block_size, on_tokens, sampler)
     else:
         out = engine.dflash(prompt, args.max_new_tokens, args.block_size, on_tokens, sampler)
     settings = sampler.sampling
@@ -129,5 +139,6 @@ def complete(args: argparse.Namespace, engine: Decoder, sampler: Sampler, tok: P
         sys.stdout.write(shown.end() + "\n")
         how = "greedy" if settings.greedy else (f"temperature {settings.temperature:g}, top-p {settings.top_p:g}, "
                                                 f"top-k {settings.top_k or 'off'}, seed {settings.seed}")
-        print(f"[{'ar' if args.ar else 'dflash'}] {len(out.tokens)} tokens, tau {out.tau:.2f}, "
+        mode = "ar" if args.ar else "lookup" if args.lookup else "dflash"
+        print(f"[{mode}] {len(out.tokens)} tokens, tau {out.tau:.2f}, "
               f"{out.tokens_per_s:.1f} tokens/s ({how})", file=sys.stderr)

@@ -118,8 +118,17 @@ class CppEngine:
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
         """DFlash at a fixed block (default: the largest draft.pte takes) or `auto` (sampled: the largest block,
         as `Engine.dflash`), greedy unless a sampler says otherwise."""
+        return self._decode("dflash", prompt, max_new_tokens, block_size, on_tokens, sampler)
+
+    def lookup(self, prompt: list[int], max_new_tokens: int, block_size: int | None = None,
+               on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
+        """Lookup proposals verified by target.pte, at a fixed block (default: the largest the programs take)."""
+        return self._decode("lookup", prompt, max_new_tokens, block_size, on_tokens, sampler)
+
+    def _decode(self, mode: str, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None,
+                on_tokens: OnTokens, sampler: Sampler | None) -> Generation:
         block = block_size or self.max_block_size
-        return self._request(f"dflash {block} {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}",
+        return self._request(f"{mode} {block} {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}",
                              on_tokens)
 
     def close(self) -> None:

@@ -100,6 +100,16 @@ class Engine:
                                self.chunk, self.max_block_size if block_size == AUTO else block_size, self.mask_token_id,
                                on_tokens, sampler, planner)
 
+    def lookup(self, prompt: list[int], max_new_tokens: int, block_size: int | None = None,
+               on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
+        """Lookup proposals (native.lookup: what followed the context's longest recurring suffix) verified by
+        target.pte, no draft call, at a fixed block (default: the largest the programs take)."""
+        block_size = self.check_block_size(block_size or self.max_block_size)
+        if block_size == AUTO:
+            raise ValueError("lookup proposals take a fixed block_size, not auto")
+        return generate_dflash(self.target, None, prompt, max_new_tokens, self.eos_ids, self.max_context_len,
+                               self.chunk, block_size, self.mask_token_id, on_tokens, sampler)
+
     def close(self) -> None:
         """Nothing to release (the programs go with the engine); here so that both engines close alike."""
 

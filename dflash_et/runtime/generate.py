@@ -25,6 +25,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from dflash_et.runtime.native import lookup
 from dflash_et.runtime.sampling import Lattice, Sampler
 
 TargetFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -168,7 +169,7 @@ class PathProposals:
         return self.path[:k], None if self.q is None else self.q[:k]
 
 
-def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new_tokens: int,
+def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
                     mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None,
                     planner: Planner | None = None) -> Generation:
@@ -178,11 +179,15 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
     Each round's block is clamped so that it never writes past `max_seq_len` nor emits more
     than `max_new_tokens`; a block of one is a plain target step (the draft is skipped and its
     unseen context carried to the next round). With a `planner` (`block_size: auto`) each round's block,
-    up to `block_size`, and how many of its proposals to verify are the planner's choice.
+    up to `block_size`, and how many of its proposals to verify are the planner's choice. Without a `draft` the
+    proposals are lookup proposals (`native.lookup`: what followed the context's longest recurring suffix), point
+    masses the verify rule takes as argmax proposals, up to block_size - 1 a round and none where nothing recurs.
     """
     _check_prompt(prompt, max_seq_len, max_new_tokens)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2 (one anchor + one proposal), got {block_size}")
+    if draft is None and planner is not None:
+        raise ValueError("lookup proposals take a fixed block_size; auto plans a draft's blocks")
     sampler = sampler or Sampler()
     t0 = time.perf_counter()
     logits, taps = prefill(target, prompt, prefill_chunk)
@@ -200,8 +205,11 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
             break
         t0 = time.perf_counter()
         b = planner.block(pos, room) if planner else room
-        last, proposals, q, draft_s = out.tokens[-1], [], None, 0.0
-        if b >= 2:
+        last, proposals, q, draft_s, made = out.tokens[-1], [], None, 0.0, b - 1  # made: proposals made
+        if b >= 2 and draft is None:
+            proposals = lookup(prompt + out.tokens, b - 1)
+            made = len(proposals)
+        elif b >= 2:
             hidden = torch.cat(unseen, dim=1)
             skip = unread(window, unseen_start, pos)
             hidden, unseen_start = hidden[:, skip:], unseen_start + skip
@@ -221,7 +229,9 @@ def generate_dflash(target: TargetFn, draft: DraftFn, prompt: list[int], max_new
         new, done = _cut_at_eos(proposals[:accepted] + [following], eos_ids)
         out.tokens += new
         on_tokens and on_tokens(new)
-        unseen.append(taps if accepted == len(proposals) else taps[:, :accepted + 1])  # of `last` and the accepted
+        if draft is not None:
+            unseen.append(taps if accepted == len(proposals) else taps[:, :accepted + 1])  # of `last`, the accepted
         pos += accepted + 1
-        out.rounds.append(Round(len(proposals), accepted, len(new), draft_s, verify_s, time.perf_counter() - t0, b - 1))
+        out.rounds.append(Round(len(proposals), accepted, len(new), draft_s, verify_s, time.perf_counter() - t0,
+                                made))
     return out

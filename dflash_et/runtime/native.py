@@ -1,5 +1,6 @@
 """The host library (libdflash_host.so, runner/src/host_api.cpp): the cost curve and its measurement, auto's
-planner and a DFlash2 draft's lattice walk, as the C++ runner runs them, called here by the Python engine.
+planner, a DFlash2 draft's lattice walk and lookup proposals, as the C++ runner runs them, called here by the Python
+engine.
 
 Each of those rules is written once, in runner/src/, so both runners make the same choices on the same rounds.
 The alternative, a Python twin for machines without a compiler, doubled every rule and constant and needed a
@@ -50,6 +51,7 @@ SIGNATURES = {  # name: (restype, argtypes), as host_api.cpp declares them
     "dflash_sweep_record": (None, [_ptr, _i64, _i64, _ptr, _i64, ctypes.POINTER(_f64), ctypes.POINTER(_f64)]),
     "dflash_sweep_curve": (_ptr, [_ptr, _text]),
     "dflash_sweep_free": (None, [_ptr]),
+    "dflash_lookup": (_i64, [ctypes.POINTER(_i64), _i64, _i64, ctypes.POINTER(_i64)]),
     "dflash_walk": (None, [_ptr, _ptr, _ptr, _i64, _i64, _i64, _f64, ctypes.c_int, ctypes.c_uint64, _ptr, _ptr, _ptr]),
 }
 
@@ -71,9 +73,9 @@ def find_library() -> Path:
     for library in (built, installed and Path(installed).parent / LIBRARY):
         if library and library.is_file():
             return library
-    raise UserError(f"block_size auto and DFlash2 drafts need the runner's host library ({LIBRARY}), and it cannot be "
-                    "built here (no cmake, or no runner/ sources); run `make runner` in a clone of dflash-et, or set "
-                    "DFLASH_HOST_LIBRARY to a built one")
+    raise UserError(f"block_size auto, DFlash2 drafts and lookup proposals need the runner's host library ({LIBRARY}), "
+                    "and it cannot be built here (no cmake, or no runner/ sources); run `make runner` in a clone of "
+                    "dflash-et, or set DFLASH_HOST_LIBRARY to a built one")
 
 
 @functools.cache
@@ -218,3 +220,11 @@ def walk(candidates: torch.Tensor, unary: torch.Tensor, pair: torch.Tensor, voca
     library().dflash_walk(candidates.data_ptr(), unary.data_ptr(), pair.data_ptr(), positions, k, vocab_size,
                           temperature, int(sample), seed, path.data_ptr(), scores.data_ptr(), q.data_ptr())
     return path.tolist(), q if sampled else None, scores
+
+
+def lookup(context: list[int], max_tokens: int) -> list[int]:
+    """Lookup proposals after `context` (runner/src/lookup.h): at most `max_tokens` tokens that followed the latest
+    earlier occurrence of its longest recurring suffix; none where none recurs."""
+    out = (_i64 * max(max_tokens, 0))()
+    n = library().dflash_lookup((_i64 * len(context))(*context), len(context), max_tokens, out)
+    return list(out[:n])

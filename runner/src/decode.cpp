@@ -6,6 +6,7 @@
 
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 
+#include "lookup.h"
 #include "metadata.h"
 #include "rebuild.h"
 
@@ -193,28 +194,40 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
     return decode(prompt, max_new_tokens, limits_.max_block, sampler, plan ? planner_.get() : nullptr,
                   limits_.eos_ids, on_tokens);
   }
+  check_block(block);
+  return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids, on_tokens);
+}
+
+Generation Pair::lookup(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
+                        const OnTokens& on_tokens) {
+  check(prompt, max_new_tokens);
+  check_block(block);
+  return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids, on_tokens, false);
+}
+
+void Pair::check_block(int64_t block) const {
   if (block < 2 || block > limits_.max_block) {
     throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
                     ", the blocks " + draft_->path() + " was exported for; give at most " +
                     std::to_string(limits_.max_block) + ", or auto");
   }
-  return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids, on_tokens);
 }
 
 Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
-                        RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens) {
+                        RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens,
+                        bool drafted) {
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
-  const int64_t start = reusable(prompt, true, out);
+  const int64_t start = reusable(prompt, drafted, out);
   int64_t unseen_start = std::min(start, resident_.unseen_start);
-  if (start > resident_.unseen_start) {  // the draft is fed the rest of the taps it lacks first
+  if (drafted && start > resident_.unseen_start) {  // the draft is fed the rest of the taps it lacks first
     unseen.assign(resident_.unseen.begin(), resident_.unseen.begin() + (start - unseen_start) * taps_width_);
   }
   resident_ = {};  // until this generation ends well
-  out.tokens.push_back(prefill(prompt, start, &unseen, out.prefill_s, sampler));
+  out.tokens.push_back(prefill(prompt, start, drafted ? &unseen : nullptr, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   bool done = eos.count(out.tokens.back()) > 0 || (on_tokens && !on_tokens({out.tokens.back()}));
-  std::vector<int64_t> block_ids, context;
+  std::vector<int64_t> block_ids, context, history;  // history: the prompt and the tokens so far, for lookup
   std::vector<float> q;       // the distributions sampled proposals were drawn from
   std::vector<float> scores;  // a DFlash2 draft's: the scores its path was chosen from [b - 1, top-k]
   while (!done) {
@@ -226,7 +239,14 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     const int64_t last = out.tokens.back();
     std::vector<int64_t> proposals;
     double draft_s = 0;
-    if (b >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
+    int64_t drafted_count = b - 1;
+    if (b >= 2 && !drafted) {  // lookup proposals: point masses, verified as argmax proposals (q empty)
+      history.assign(prompt.begin(), prompt.end());
+      history.insert(history.end(), out.tokens.begin(), out.tokens.end());
+      proposals = dflash::lookup(history.data(), history.size(), b - 1);
+      q.clear();
+      drafted_count = proposals.size();
+    } else if (b >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
       block_ids.assign(b, limits_.mask_token_id);
       block_ids[0] = last;
       if (limits_.context_window) {  // taps the windowed draft would never read stay out (generate_dflash)
@@ -277,13 +297,13 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
       }
     }
     out.tokens.insert(out.tokens.end(), emitted.begin(), emitted.end());
-    keep_taps(unseen, accepted + 1);  // of `last` and the accepted proposals
+    if (drafted) keep_taps(unseen, accepted + 1);  // of `last` and the accepted proposals
     pos += accepted + 1;
     out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),
-                          draft_s, verify_s, now() - t0, b - 1});
+                          draft_s, verify_s, now() - t0, drafted_count});
     if (on_tokens && !on_tokens(emitted)) done = true;
   }
-  keep(prompt, out, std::move(unseen), unseen_start, true);
+  keep(prompt, out, std::move(unseen), unseen_start, drafted);
   return out;
 }
 

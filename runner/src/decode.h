@@ -62,6 +62,10 @@ class Pair {
   // Engine.dflash (a seed must give the same tokens on every run, whatever the planner learned).
   Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     const OnTokens& on_tokens = nullptr);
+  // Lookup proposals (lookup.h) in blocks of at most `block` (as dflash's), target.pte alone: generate_dflash
+  // without a draft.
+  Generation lookup(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
+                    const OnTokens& on_tokens = nullptr);
 
   // From now on a generation starts from what the caches still hold of the last one: the prompt's longest prefix
   // that the last generation's prompt and tokens share is not run again (the draft's context cache follows).
@@ -76,10 +80,12 @@ class Pair {
 
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
+  void check_block(int64_t block) const;  // a fixed block: 2..the largest the programs were exported for
   // The DFlash loop (generate_dflash): blocks of `block`, or the planner's of at most `block`; it stops at `eos`
-  // and hands each step's new tokens to `on_tokens`.
+  // and hands each step's new tokens to `on_tokens`. Not `drafted`: lookup proposals, the draft untouched.
   Generation decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
-                    RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens = nullptr);
+                    RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens = nullptr,
+                    bool drafted = true);
   // cost_curve.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
   CostCurve measure_cost_curve(int64_t repeats);
   // Runs the prompt from position `start` through the target in chunks; returns the first token and appends the

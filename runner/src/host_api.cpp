@@ -1,13 +1,14 @@
-// The host library's C API (libdflash_host.so): the cost curve and its measurement, auto's planner and the
-// DFlash2 lattice walk of this directory, for the Python engine (ctypes: dflash_et/runtime/native.py), so that
-// both runners run one implementation of each rule. Handles are opaque; each kind has its _free. A call that can
-// fail writes its one-line reason to (error, error_size) and returns null.
+// The host library's C API (libdflash_host.so): the cost curve and its measurement, auto's planner, the DFlash2
+// lattice walk and lookup proposals of this directory, for the Python engine (ctypes: dflash_et/runtime/native.py),
+// so that both runners run one implementation of each rule. Handles are opaque; each kind has its _free. A call
+// that can fail writes its one-line reason to (error, error_size) and returns null.
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "errors.h"
+#include "lookup.h"
 #include "planner.h"
 #include "sampling.h"
 
@@ -131,6 +132,13 @@ void* dflash_sweep_curve(const void* sweep, const char* programs) {
 }
 
 void dflash_sweep_free(void* sweep) { delete static_cast<dflash::CostSweep*>(sweep); }
+
+// Lookup proposals after `context` [length] (lookup.h): writes at most `max_tokens` to `out`; how many it wrote.
+int64_t dflash_lookup(const int64_t* context, int64_t length, int64_t max_tokens, int64_t* out) {
+  const std::vector<int64_t> proposed = dflash::lookup(context, length, max_tokens);
+  std::copy(proposed.begin(), proposed.end(), out);
+  return proposed.size();
+}
 
 // The path through `lattice` ([positions, k] candidates and unary, [positions, k, k] pair) as a sampler with this
 // temperature, proposal mode and seed walks it: writes `path` [positions], `scores` [positions, k] and, for sampled

@@ -1,11 +1,13 @@
 // dflash_runner: DFlash (or plain) decoding over a directory of dflash-et programs, greedy or sampled.
 //
-//   dflash_runner --programs DIR (--prompt TEXT | --prompt-ids 1,2,3) [--ar] [--block-size B|auto] [--max-new-tokens N]
-//                 [--json] [--threads N] [--temperature T [--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S]]
-//                 [--cost-curve FILE]
+//   dflash_runner --programs DIR (--prompt TEXT | --prompt-ids 1,2,3) [--ar | --lookup] [--block-size B|auto]
+//                 [--max-new-tokens N] [--json] [--threads N] [--temperature T [--top-p P] [--top-k K]
+//                 [--proposals argmax|sample] [--seed S]] [--cost-curve FILE]
+//                 (--lookup: lookup proposals, lookup.h, in place of the draft's; a fixed block)
 //   dflash_runner --programs DIR --prompt TEXT --tokenize   prints the prompt's ids and exits (loads no program)
 //   dflash_runner --programs DIR --serve     one request per stdin line, one JSON reply per line:
-//                                            "ar MAX_NEW IDS [SAMPLING]" or "dflash BLOCK|auto MAX_NEW IDS [SAMPLING]"
+//                                            "ar MAX_NEW IDS [SAMPLING]", "dflash BLOCK|auto MAX_NEW IDS [SAMPLING]" or
+//                                            "lookup BLOCK MAX_NEW IDS [SAMPLING]"
 //                                            (IDS: 1,2,3; SAMPLING: temperature=T top_p=P top_k=K proposals=P seed=S),
 //                                            or "cost_curve REPEATS": auto's cost curve (measured once, unless given)
 //   dflash_runner --programs DIR --worker [--ar | --block-size B|auto]   a model worker for ExecuTorch's llm_server
@@ -58,7 +60,8 @@ struct Args {
   std::string programs;
   std::vector<int64_t> prompt;
   std::string message;  // --prompt
-  bool text = false, tokenize = false, ar = false, json = false, serve = false, worker = false;
+  std::string mode = "dflash";  // --ar: ar; --lookup: lookup
+  bool text = false, tokenize = false, json = false, serve = false, worker = false;
   int64_t block = 0;  // 0: the largest block the draft was exported for; dflash::kAuto: auto
   std::string cost_curve;  // auto's, from this file (none: measured)
   int64_t max_new_tokens = 128;
@@ -67,9 +70,10 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR ((--prompt TEXT | --prompt-ids 1,2,3) [--ar] "
-               "[--block-size B|auto] [--max-new-tokens N] [--json] [--threads N] [--temperature T] [--top-p P] "
-               "[--top-k K] [--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve | --worker) "
+  std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR ((--prompt TEXT | --prompt-ids 1,2,3) "
+               "[--ar | --lookup] [--block-size B|auto] [--max-new-tokens N] [--json] [--threads N] [--temperature T] "
+               "[--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | --serve | "
+               "--worker) "
                "[--cost-curve FILE]\n";
   std::exit(2);
 }
@@ -151,7 +155,7 @@ Args parse_args(int argc, char** argv) {
       std::replace(name.begin(), name.end(), '-', '_');
       set(args.sampling, name, value());
     }
-    else if (flag == "--ar") args.ar = true;
+    else if (flag == "--ar" || flag == "--lookup") args.mode = flag.substr(2);
     else if (flag == "--json") args.json = true;
     else if (flag == "--serve") args.serve = true;
     else if (flag == "--worker") args.worker = true;
@@ -162,6 +166,7 @@ Args parse_args(int argc, char** argv) {
     usage("give --prompt or --prompt-ids, or --serve or --worker to read requests from stdin");
   }
   if (args.tokenize && !args.text) usage("--tokenize prints the ids of a --prompt");
+  if (args.worker && args.mode == "lookup") usage("--worker decodes with the draft or plainly (--ar), not --lookup");
   if (args.threads < 0) usage("--threads must be at least 1 (0: one per core)");
   return args;
 }
@@ -209,11 +214,15 @@ std::string quoted(const std::string& text) {
   return out + "\"";
 }
 
-Generation run(dflash::Pair& pair, bool ar, int64_t block, int64_t max_new_tokens, const std::vector<int64_t>& prompt,
-               const Sampling& sampling, const dflash::OnTokens& on_tokens = nullptr) {
+Generation run(dflash::Pair& pair, const std::string& mode, int64_t block, int64_t max_new_tokens,
+               const std::vector<int64_t>& prompt, const Sampling& sampling,
+               const dflash::OnTokens& on_tokens = nullptr) {
   dflash::Sampler sampler(sampling);
-  if (ar) return pair.ar(prompt, max_new_tokens, sampler, on_tokens);
-  return pair.dflash(prompt, max_new_tokens, block ? block : pair.limits().max_block, sampler, on_tokens);
+  if (mode == "ar") return pair.ar(prompt, max_new_tokens, sampler, on_tokens);
+  if (block == dflash::kAuto && mode == "lookup") throw UserError("lookup proposals take a fixed block size, not auto");
+  block = block ? block : pair.limits().max_block;
+  if (mode == "lookup") return pair.lookup(prompt, max_new_tokens, block, sampler, on_tokens);
+  return pair.dflash(prompt, max_new_tokens, block, sampler, on_tokens);
 }
 
 // --serve: the programs stay loaded (and their caches warm) across requests; a bad request gets an error reply.
@@ -234,10 +243,11 @@ void serve_engine(dflash::Pair& pair) {
         std::cout << pair.cost_curve(max_new).to_json() << std::endl;
         continue;
       }
-      if (mode == "dflash") in >> block;
-      if (!(in >> max_new >> prompt) || (mode != "ar" && mode != "dflash")) {
-        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS' or 'dflash BLOCK|auto MAX_NEW IDS', "
-                        "then any of temperature=T top_p=P top_k=K proposals=argmax|sample seed=S; "
+      if (mode == "dflash" || mode == "lookup") in >> block;
+      if (!(in >> max_new >> prompt) || (mode != "ar" && mode != "dflash" && mode != "lookup")) {
+        throw UserError("bad request '" + line + "'; send 'ar MAX_NEW IDS', 'dflash BLOCK|auto MAX_NEW IDS' or "
+                        "'lookup BLOCK MAX_NEW IDS', then any of temperature=T top_p=P top_k=K "
+                        "proposals=argmax|sample seed=S; "
                         "or 'cost_curve REPEATS'");
       }
       Sampling sampling;
@@ -246,7 +256,7 @@ void serve_engine(dflash::Pair& pair) {
         if (eq == std::string::npos) throw UserError("bad sampling setting '" + setting + "'; write name=value");
         set(sampling, setting.substr(0, eq), setting.substr(eq + 1));
       }
-      std::cout << to_json(run(pair, mode == "ar", block_size(block), max_new, ids(prompt), sampling)) << std::endl;
+      std::cout << to_json(run(pair, mode, block_size(block), max_new, ids(prompt), sampling)) << std::endl;
     } catch (const UserError& e) {
       std::cout << "{\"error\": " << quoted(e.what()) << "}" << std::endl;
     }
@@ -290,7 +300,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (args.worker) {
-      dflash::run_worker(pair, *text, args.ar, args.block ? args.block : dflash::kAuto);
+      dflash::run_worker(pair, *text, args.mode == "ar", args.block ? args.block : dflash::kAuto);
       return 0;
     }
     std::unique_ptr<dflash::TextStream> stream;
@@ -305,7 +315,7 @@ int main(int argc, char** argv) {
         return true;
       };
     }
-    const Generation g = run(pair, args.ar, args.block, args.max_new_tokens, prompt, args.sampling, on_tokens);
+    const Generation g = run(pair, args.mode, args.block, args.max_new_tokens, prompt, args.sampling, on_tokens);
     const std::string rest = stream ? stream->finish() : "";
     if (args.json) {
       std::cout << to_json(g, text ? &(reply += rest) : nullptr) << std::endl;
@@ -318,7 +328,7 @@ int main(int argc, char** argv) {
       double decode_s = 0;
       for (const auto& r : g.rounds) decode_s += r.total_s;
       std::cout << std::endl;
-      std::fprintf(stderr, "[%s] %zu tokens, %zu rounds, %.1f tokens/s\n", args.ar ? "ar" : "dflash", g.tokens.size(),
+      std::fprintf(stderr, "[%s] %zu tokens, %zu rounds, %.1f tokens/s\n", args.mode.c_str(), g.tokens.size(),
                    g.rounds.size(), decode_s > 0 ? (g.tokens.size() - 1) / decode_s : 0.0);
     }
   } catch (const std::exception& e) {  // UserError, or a program call that failed (the runtime logged why)

@@ -292,6 +292,6 @@ def test_streamed_text_waits_for_whole_characters(pair, capsys):
                 on_tokens([t])
             return Generation(tokens, 0.0, [Round(0, 0, 1, 0.0, 0.0, 0.0)])
 
-    args = Namespace(json=False, ar=False, max_new_tokens=len(tokens), block_size=8)
+    args = Namespace(json=False, ar=False, lookup=False, max_new_tokens=len(tokens), block_size=8)
     generate.complete(args, OneTokenARound(), Sampler(Sampling()), tok, [1])
     assert capsys.readouterr().out == "ok 😀👍🏽 done\n"

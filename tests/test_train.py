@@ -93,20 +93,28 @@ def test_a_block_never_sees_taps_at_or_after_its_anchor(setup):
         assert draft_loss(draft)(pack([changed], anchors, BLOCK, mask_id, 7.0)) != before
 
 
-def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair):
-    """Replies generated 4 prompts at a time (left-padded, different lengths) are each prompt's own greedy
-    reply, and their taps are what the target model computes over the whole sequence."""
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "generate"])
+def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair, slots, monkeypatch):
+    """Replies decoded 3 prompts at a time (different lengths; in slots refilled as replies end, or transformers'
+    `generate` on left-padded batches, the families the slots do not run) are each prompt's own greedy reply, and
+    their taps are what the target model computes over the whole sequence."""
     from dflash_et.checkpoints.load import eos_ids, load_target
     from dflash_et.data.chat import encode_chat, tokenizer
     from dflash_et.data.prompts import builtin_prompts
     from dflash_et.runtime.generate import generate_ar
+    from dflash_et.training import data
     from dflash_et.training.data import reply_model, target_sequences
 
     target_dir, layers = trained_pair[0], [1, 3]
     target, tok, eos = load_target(target_dir, layers, 256), tokenizer(target_dir), set(eos_ids(target_dir))
-    prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(5, split="train")]
+    prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(7, split="train")]
     assert len({len(p) for p in prompts}) > 1  # the batch is padded
-    seqs = target_sequences(reply_model(target_dir, torch.device("cpu")), layers, prompts, 24, eos, batch=4)
+    model = reply_model(target_dir, torch.device("cpu"))
+    assert data.slotted(model)
+    monkeypatch.setattr(data, "slotted", lambda _: slots)
+    seqs = target_sequences(model, layers, prompts, 24, eos, batch=3)
+    ended = [s for s in seqs if s.tokens[-1].item() in eos]
+    assert ended and len(ended) < len(seqs)  # some replies end early (their slots refilled), some run to the limit
     for ids, seq in zip(prompts, seqs):
         assert seq.tokens[:len(ids)].tolist() == ids and seq.prompt_len == len(ids)
         assert seq.tokens[len(ids):].tolist() == generate_ar(target, ids, 24, eos, 256, 64).tokens
@@ -114,6 +122,27 @@ def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair)
             _, taps = target(seq.tokens[None], torch.arange(len(seq.tokens)))
         assert len(seq.tokens) - 1 <= len(seq.taps) <= len(seq.tokens)
         torch.testing.assert_close(seq.taps, taps[0, :len(seq.taps)], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "generate"])
+def test_replies_past_the_deadline_are_the_first_prompts_taken(trained_pair, slots, monkeypatch):
+    """With the clock run out, no prompt is taken after the first batch (3 of 7 here, a random sample of lengths),
+    whose replies are finished and returned, and the log says how many were answered."""
+    from dflash_et.checkpoints.load import eos_ids
+    from dflash_et.data.chat import encode_chat, tokenizer
+    from dflash_et.data.prompts import builtin_prompts
+    from dflash_et.training import data
+
+    target_dir = trained_pair[0]
+    tok, eos = tokenizer(target_dir), set(eos_ids(target_dir))
+    prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(7, split="train")]
+    monkeypatch.setattr(data, "slotted", lambda _: slots)
+    logs = []
+    out = data.target_replies(data.reply_model(target_dir, torch.device("cpu")), prompts, 24, eos, batch=3,
+                              deadline=0.0, log=logs.append)
+    assert len(out) == 3 and all(out.values())
+    assert logs == ["[train_draft] replies to 3 of 7 prompts: the clock (train_draft.minutes) leaves the rest of "
+                    "the run to training"]
 
 
 def test_the_compute_budget_caps_the_steps(setup):

@@ -1,7 +1,8 @@
 """What a draft's training costs on this machine, part by part (docs/measurements.md#a-draft-from-two-cpu-cores):
 `steps`: seconds per training step (pack, forward, backward, optimizer) and block rows/s for SmolLM2's draft, the
 pilot's recipe (full head, one dense masked attention) beside today's (attention per sequence, a reduced head), at
-each precision given; `replies`: the target's greedy reply tokens/s and tap tokens/s. Run it alone on the machine,
+each precision given; `replies`: the target's greedy reply tokens/s (transformers' `generate`, and the slots
+that refill finished rows) and tap tokens/s. Run it alone on the machine,
 venv active, from the repository's root: `python -m tools.training_rates steps --precision fp32 bf16`.
 bf16 is autocast for steps and the model's dtype for replies, as train_draft.precision uses them."""
 
@@ -20,7 +21,8 @@ from dflash_et.data.prompts import load_prompts
 from dflash_et.models.draft import reduce_head
 from dflash_et.training.blocks import draft_loss, pack, sample_anchors
 from dflash_et.training.config import TrainConfig
-from dflash_et.training.data import Sequence, reply_model, tapped, target_replies
+from dflash_et.training.data import Sequence, generated, reply_model, tapped
+from dflash_et.training.replies import replies as slotted_replies
 from dflash_et.training.train import new_draft
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -61,18 +63,19 @@ def steps(target_dir: Path, dtype: torch.dtype, repeats: int = 3) -> dict:
     return out
 
 
-def replies(target_dir: Path, dtype: torch.dtype, prompts: int = 64) -> dict:
-    """Reply tokens/s (greedy, 128 tokens at most, one batch) and tap tokens/s over prompt + reply."""
+def replies(target_dir: Path, dtype: torch.dtype, prompts: int = 192, batch: int = 96) -> dict:
+    """Reply tokens/s (greedy, 128 tokens at most, `batch` at a time) through transformers' `generate` and through
+    the slots that refill finished rows (training.replies), and tap tokens/s over prompt + reply."""
     tok, model = tokenizer(target_dir), reply_model(target_dir, torch.device("cpu"), dtype)
     ids = [encode_chat(tok, r["prompt"]) for r in load_prompts("assistant", prompts, split="train")]
-    started = time.perf_counter()
-    answers = target_replies(model, ids, 128, {tok.eos_token_id}, prompts)
-    replied = time.perf_counter() - started
+    order, eos, out = sorted(range(len(ids)), key=lambda i: len(ids[i])), {tok.eos_token_id}, {}
+    for name, decode in (("generate", generated), ("slots", slotted_replies)):
+        started = time.perf_counter()
+        answers = decode(model, ids, order, 128, eos, batch, lambda: False)
+        out[f"{name}_reply_tokens_per_s"] = sum(map(len, answers.values())) / (time.perf_counter() - started)
     started = time.perf_counter()
     tapped(model, [1, 27], [(ids[i] + answers[i], len(ids[i])) for i in answers], taps_dtype=dtype)
-    taps = time.perf_counter() - started
-    out = {"reply_tokens_per_s": sum(map(len, answers.values())) / replied,
-           "tap_tokens_per_s": sum(len(ids[i]) + len(a) for i, a in answers.items()) / taps}
+    out["tap_tokens_per_s"] = sum(len(ids[i]) + len(a) for i, a in answers.items()) / (time.perf_counter() - started)
     print(out, flush=True)
     return out
 

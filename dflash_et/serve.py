@@ -69,11 +69,54 @@ class Worker:
         return self.runtime.healthy
 
 
+class Held:
+    """One accepted request's place in its worker's load, given back once: when its answer is returned, or for a
+    stream when the stream ends, is closed (the client left: closing it cancels the generation in the worker), or is
+    dropped unread."""
+
+    def __init__(self, worker: Worker):
+        self.worker, self._held = worker, True
+        worker.load += 1
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.worker.load -= 1
+
+    def stream(self, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+        return HeldStream(chunks, self)
+
+
+class HeldStream:
+    """A streamed answer that gives its place back when it ends, is closed, or is garbage (never read)."""
+
+    def __init__(self, chunks: AsyncIterator[str], held: Held):
+        self._chunks, self._held = chunks, held
+
+    def __aiter__(self) -> "HeldStream":
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            return await self._chunks.__anext__()
+        except BaseException:
+            self._held.release()
+            raise
+
+    async def aclose(self) -> None:
+        self._held.release()
+        await self._chunks.aclose()
+
+    def __del__(self) -> None:
+        self._held.release()
+
+
 class Pool:
     """What ExecuTorch's routes call (`create`, `close_session`, `reset_session`, `healthy`), spread over workers:
     a request goes to the worker its session used before (its cache holds the conversation), else to the least
-    loaded; past `workers + queue` requests at once it is refused (503); a worker found dead is replaced before
-    it gets the next request (the requests it held were answered with an error)."""
+    loaded; past `workers + queue` requests at once, streamed or not, counted from acceptance, it is refused (503)
+    at once; a worker found dead is replaced before it gets the next request (the requests it held were answered
+    with an error)."""
 
     def __init__(self, start: Callable[[], Worker], workers: int, queue: int):
         self._start, self._queue = start, queue
@@ -88,34 +131,33 @@ class Pool:
     async def create(self, req):
         if sum(w.load for w in self._workers) >= len(self._workers) + self._queue:
             raise Busy(len(self._workers), self._queue)
-        worker = await self._worker(req.session_id)
+        i = self._pick(req.session_id)
+        held = Held(self._workers[i])  # counted from acceptance: nothing awaited since the check
+        try:
+            worker = await self._healthy(i)
+            if worker is not held.worker:  # replaced while it waited: the new one carries the count
+                held.release()
+                held = Held(worker)
+            result = await worker.chat.create(req)
+        except BaseException:
+            held.release()
+            raise
         if req.stream:
-            return self._held(await worker.chat.create(req), worker)
-        worker.load += 1
-        try:
-            return await worker.chat.create(req)
-        finally:
-            worker.load -= 1
+            return held.stream(result)
+        held.release()
+        return result
 
-    @staticmethod
-    async def _held(stream: AsyncIterator[str], worker: Worker) -> AsyncIterator[str]:
-        """The stream, counted in its worker's load while it is read (one whose client left before it started is
-        never read, and never counted); closing it when the client leaves cancels the generation in the worker."""
-        worker.load += 1
-        try:
-            async for chunk in stream:
-                yield chunk
-        finally:
-            worker.load -= 1
-            await stream.aclose()
-
-    async def _worker(self, session_id: str | None) -> Worker:
+    def _pick(self, session_id: str | None) -> int:
+        """The worker that served the session before, else the least loaded."""
         if session_id is not None and session_id in self._sessions:
-            i = self._sessions[session_id]
-        else:
-            i = min(range(len(self._workers)), key=lambda j: self._workers[j].load)
-            if session_id is not None:
-                self._sessions[session_id] = i
+            return self._sessions[session_id]
+        i = min(range(len(self._workers)), key=lambda j: self._workers[j].load)
+        if session_id is not None:
+            self._sessions[session_id] = i
+        return i
+
+    async def _healthy(self, i: int) -> Worker:
+        """Worker `i`, replaced first if it died."""
         if not self._workers[i].healthy:
             async with self._restarting[i]:
                 if not self._workers[i].healthy:

@@ -192,9 +192,10 @@ def test_a_damaged_or_foreign_state_is_one_line_and_nothing_is_written(tmp_path)
 
 @pytest.mark.slow
 def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path):
-    """`dflash train-draft ... --resume DIR` twice: the second run continues at the first one's step with its
+    """`dflash train-draft ... --resume DIR` thrice: the second run continues at the first one's step with its
     replies, writes and answers the prompts a larger `synthetic_prompts` asks for, and its card lists both
-    sessions; a damaged DIR is refused in one line before anything is written."""
+    sessions; the third answers the set's prompts a larger `num_prompts` adds; a damaged DIR is refused in one line
+    before anything is written."""
     import subprocess
     import sys
 
@@ -202,10 +203,10 @@ def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path
 
     from tests import REPO
 
-    def train(steps: int, synthetic: int, out: Path) -> subprocess.CompletedProcess:
+    def train(steps: int, synthetic: int, out: Path, asked: int = 6) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "dflash_et.cli", "train-draft", str(trained_pair[0]), str(out),
                                "--resume", str(tmp_path / "state"), "--set", f"steps={steps}", "--set",
-                               f"synthetic_prompts={synthetic}", "--set", "num_prompts=6", "--set", "heldout=2",
+                               f"synthetic_prompts={synthetic}", "--set", f"num_prompts={asked}", "--set", "heldout=2",
                                "--set", "max_new_tokens=12", "--set", "head_vocab=64", "--set", "batch=2",
                                "--set", "compute_budget=null", "--set", "generate_batch=8"],
                               cwd=REPO, capture_output=True, text=True)
@@ -226,8 +227,13 @@ def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path
     assert 0 < grown <= 4 and sequences() == had + grown == card["train_sequences"]
     assert card["steps"] == 10 and [s["from_step"] for s in card["sessions"]] == [0, 6]
     assert card["head_vocab"] == 64 and card["curve"][0]["step"] == 0 and card["curve"][-1]["step"] == 10
+    third = train(12, card["data"]["prompts"]["synthetic"], tmp_path / "draft", asked=8)
+    assert third.returncode == 0, third.stderr[-2000:]
+    card = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
+    assert sequences() == had + grown + 2 and card["data"]["prompts"]["set"] == 8
+    assert "2 new prompts and replies beside the" in third.stdout
     (tmp_path / "state" / "state.safetensors").write_bytes(b"garbage")
-    third = train(12, before + 4, tmp_path / "draft2")
+    third = train(14, card["data"]["prompts"]["synthetic"], tmp_path / "draft2", asked=8)
     assert third.returncode != 0 and not (tmp_path / "draft2").exists()
     said = third.stderr.strip().splitlines()[-1]
     assert said.startswith(f"error: --resume {tmp_path / 'state'}: its state is damaged")

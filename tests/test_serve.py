@@ -480,7 +480,7 @@ def test_the_worker_answers_bad_requests_with_codes_and_goes_on(programs, runner
 
 FAKE_WORKER = r"""
 import json, sys, time
-print(json.dumps({"ready": True, "max_named_sessions": 4}), flush=True)
+print(json.dumps({"ready": True, "max_named_sessions": 64}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
     if "op" in request:
@@ -508,12 +508,17 @@ def fake_app(programs, tmp_path):
     return app
 
 
-def ask(app, content: str, stream: bool = False):
+def ask(app, content: str, stream: bool = False, session: str | None = None, done: list | None = None):
+    """One chat request to `app`; its response is appended to `done` as soon as it is whole."""
     async def one():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": content}], "stream": stream})
+            reply = await client.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": content}], "stream": stream},
+                headers={"X-ExecuTorch-Session-Id": session} if session else {})
+        if done is not None:
+            done.append(reply)
+        return reply
     return one()
 
 
@@ -529,6 +534,29 @@ def test_past_the_queue_requests_get_503_and_none_is_lost(fake_app):
     busy = next(r for r in replies if r.status_code == 503).json()["error"]
     assert busy["code"] == "server_overloaded" and "retry" in busy["message"]
     assert all(r.json()["choices"][0]["message"]["content"] == "Hello" for r in replies if r.status_code == 200)
+
+
+def test_streamed_requests_with_sessions_count_from_acceptance(fake_app):
+    """16 streamed requests, each its own session, at once against 1 worker and a queue of 4: exactly 5 are
+    served (whole streams), the other 11 are refused with 503 before any served stream ends, and once the burst is
+    over the bound is free again."""
+    pool, app = fake_app(workers=1, queue=4)
+    done = []
+
+    async def burst():
+        return await asyncio.gather(*(ask(app, f"q{i}", stream=True, session=f"s{i}", done=done) for i in range(16)))
+    replies = asyncio.run(burst())
+    assert sorted(r.status_code for r in replies) == [200] * 5 + [503] * 11, [r.text for r in replies]
+    assert [r.status_code for r in done[:11]] == [503] * 11
+    for r in replies:
+        if r.status_code == 200:
+            events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]" and "".join(
+                json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == "Hello"
+    assert sum(w.load for w in pool._workers) == 0
+    again = asyncio.run(ask(app, "after", stream=True, session="s0"))
+    pool.close()
+    assert again.status_code == 200
 
 
 def test_a_worker_dying_mid_request_is_an_error_then_a_new_worker_serves(fake_app):

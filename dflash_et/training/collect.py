@@ -51,21 +51,31 @@ def own_prompts(config: TrainConfig, tok, model, device: torch.device, log, dead
 
 def more_data(config: TrainConfig, saved: state.Saved, tok, model, eos: set[int], device: torch.device, clock: Clock,
               log) -> list[tuple[list[int], int]]:
-    """A resumed run's new data, when `synthetic_prompts` asks for more than the state holds: prompts the target
-    writes from a seed of this session's own (none equal to a prompt already answered), and its replies."""
-    want = config.synthetic_prompts - saved.progress.counts.get("synthetic", 0)
-    if want <= 0:
-        return []
+    """A resumed run's new data: replies to the prompt set's training prompts the state has none for (a larger
+    `num_prompts`, or those an earlier session's clock left unanswered), then, when `synthetic_prompts` asks for more
+    than the state holds, to prompts the target writes from a seed of this session's own (none equal to a prompt
+    already answered)."""
+    counts = saved.progress.counts
+    want = config.synthetic_prompts - counts.get("synthetic", 0)
     since = time.perf_counter()
     seed = config.seed + 1000 * (1 + len(saved.progress.sessions))  # a stream of its own, not the first run's
-    rows = own_prompts(config, tok, model, device, log, clock.until(0.2), want, seed, training_prompts(config)[0])
+    heldout, train = training_prompts(config)
+    rows = own_prompts(config, tok, model, device, log, clock.until(0.2), want, seed, heldout) if want > 0 else []
     answered = {tuple(tokens[:p]) for tokens, p in saved.train}
-    prompts = [ids for ids in fitting([encode_chat(tok, r["prompt"]) for r in rows], config, "new", log)
-               if tuple(ids) not in answered] if rows else []
+    asked = fitting([encode_chat(tok, r["prompt"]) for r in train], config, "training", log)
+    written = fitting([encode_chat(tok, r["prompt"]) for r in rows], config, "new", log) if rows else []
+    fresh: dict[tuple, tuple[list[int], bool]] = {}  # prompt: (its ids, whether the target wrote it)
+    for ids, own in [(ids, False) for ids in asked] + [(ids, True) for ids in written]:
+        if tuple(ids) not in answered:
+            fresh.setdefault(tuple(ids), (ids, own))
+    prompts, own = [ids for ids, _ in fresh.values()], [o for _, o in fresh.values()]
+    if not prompts:
+        return []
     since = clock.add("synthesis", since)
     replies = target_replies(model, prompts, config.max_new_tokens, eos, config.generate_batch, clock.until(0.5), log)
     clock.add("replies", since)
-    saved.progress.counts["synthetic"] = saved.progress.counts.get("synthetic", 0) + len(replies)
+    counts["set"] = max(counts.get("set", 0), len(train))
+    counts["synthetic"] = counts.get("synthetic", 0) + sum(own[i] for i in replies)
     log(f"[train_draft] {len(replies)} new prompts and replies beside the {len(saved.train)} the run had")
     return [(prompts[i] + replies[i], len(prompts[i])) for i in sorted(replies)]
 

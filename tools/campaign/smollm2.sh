@@ -12,7 +12,7 @@ log="campaigns/smollm2/logs/$(date -u +%Y-%m-%dT%H%M).log"
 TQDM_MININTERVAL=60 PYTHONUNBUFFERED=1 dflash train-draft smollm2 campaigns/smollm2/draft \
     --resume campaigns/smollm2/state --minutes "${MINUTES:-90}" --device cpu --dtype bf16 \
     --set steps=20000 --set compute_budget=null --set batch=16 --set anchors=16 --set block_size=16 \
-    --set num_prompts=768 --set synthetic_prompts=1500 --set max_new_tokens=128 --set generate_batch=64 \
+    --set num_prompts=889 --set synthetic_prompts=1500 --set max_new_tokens=128 --set generate_batch=96 \
     --set head_vocab=8192 --set warm_start=true --set save_minutes=20 --set precision=auto "$@" 2>&1 \
     | stdbuf -oL tr '\r' '\n' | while IFS= read -r line; do [ -z "$line" ] || echo "$(date -u +%T) $line"; done \
     | tee "$log"

@@ -42,3 +42,15 @@ def test_a_command_that_reads_params_yaml_away_from_the_root_is_one_line(argv, t
     assert str(e.value) == (f"error: no params.yaml in {tmp_path}; run this from the project's root "
                             "(where dvc.yaml is)")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("missing", ["fastapi", "uvicorn"])
+def test_serve_without_the_serve_extra_is_one_line_naming_the_install(missing, tmp_path):
+    """An environment without one of the serve extra's packages: `dflash serve` says which and how to install it,
+    in one line, before any worker starts."""
+    code = (f"import sys; sys.modules[{missing!r}] = None; from dflash_et import cli; "
+            f"cli.main(['serve', '--programs', {str(tmp_path)!r}])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == (f"error: dflash serve needs {missing}, which this environment "
+                                                 "lacks; install the serve extra: pip install -e '.[serve]'")

@@ -1,7 +1,11 @@
 """`dflash serve`: serve the pipeline's programs over an OpenAI-compatible HTTP API (dflash_et/serve.py)."""
 
 import argparse
+import importlib.metadata
+import re
 from pathlib import Path
+
+from dflash_et.errors import UserError
 
 DESCRIPTION = (
     "ExecuTorch's OpenAI-compatible server (/v1/models, /v1/chat/completions, streaming, sessions) over C++ runner "
@@ -34,8 +38,22 @@ def add(sub: argparse._SubParsersAction) -> None:
                                                           "name (default: %(default)s)")
 
 
+def serve_extra() -> set[str]:
+    """The packages of the `serve` extra, as the installed package declares them (pyproject.toml)."""
+    requires = importlib.metadata.requires("dflash-et") or []
+    return {re.split(r"[\s=<>!~;\[]", r, maxsplit=1)[0] for r in requires if re.search(r"extra\s*==\s*.serve.", r)}
+
+
 def serve(args: argparse.Namespace) -> None:
-    from dflash_et import serve
+    try:
+        import uvicorn  # noqa: F401  (serve.serve runs it: missing, it would fail only after the workers started)
+
+        from dflash_et import serve
+    except ModuleNotFoundError as e:
+        if e.name not in serve_extra():
+            raise
+        raise UserError(f"dflash serve needs {e.name}, which this environment lacks; install the serve extra: "
+                        "pip install -e '.[serve]'") from None
     from dflash_et.runtime.cpp_runner import find_runner
 
     pool = serve.make_pool(args.programs, find_runner(), args.workers, args.queue, args.block_size, args.cost_curve,

@@ -102,7 +102,7 @@ def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair,
     from dflash_et.data.chat import encode_chat, tokenizer
     from dflash_et.data.prompts import builtin_prompts
     from dflash_et.runtime.generate import generate_ar
-    from dflash_et.training import data
+    from dflash_et.training import replies
     from dflash_et.training.data import reply_model, target_sequences
 
     target_dir, layers = trained_pair[0], [1, 3]
@@ -110,8 +110,8 @@ def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair,
     prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(7, split="train")]
     assert len({len(p) for p in prompts}) > 1  # the batch is padded
     model = reply_model(target_dir, torch.device("cpu"))
-    assert data.slotted(model)
-    monkeypatch.setattr(data, "slotted", lambda _: slots)
+    assert replies.slotted(model)
+    monkeypatch.setattr(replies, "slotted", lambda _: slots)
     seqs = target_sequences(model, layers, prompts, 24, eos, batch=3)
     ended = [s for s in seqs if s.tokens[-1].item() in eos]
     assert ended and len(ended) < len(seqs)  # some replies end early (their slots refilled), some run to the limit
@@ -131,12 +131,12 @@ def test_replies_past_the_deadline_are_the_first_prompts_taken(trained_pair, slo
     from dflash_et.checkpoints.load import eos_ids
     from dflash_et.data.chat import encode_chat, tokenizer
     from dflash_et.data.prompts import builtin_prompts
-    from dflash_et.training import data
+    from dflash_et.training import data, replies
 
     target_dir = trained_pair[0]
     tok, eos = tokenizer(target_dir), set(eos_ids(target_dir))
     prompts = [encode_chat(tok, r["prompt"]) for r in builtin_prompts(7, split="train")]
-    monkeypatch.setattr(data, "slotted", lambda _: slots)
+    monkeypatch.setattr(replies, "slotted", lambda _: slots)
     logs = []
     out = data.target_replies(data.reply_model(target_dir, torch.device("cpu")), prompts, 24, eos, batch=3,
                               deadline=0.0, log=logs.append)

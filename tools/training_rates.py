@@ -13,16 +13,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from dflash_et.checkpoints.fetch import fetch
 from dflash_et.checkpoints.load import load_target
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import load_prompts
 from dflash_et.models.draft import reduce_head
+from dflash_et.runtime.sampling import Sampling
 from dflash_et.training.blocks import draft_loss, pack, sample_anchors
 from dflash_et.training.config import TrainConfig
-from dflash_et.training.data import Sequence, generated, reply_model, tapped
-from dflash_et.training.replies import replies as slotted_replies
+from dflash_et.training.data import Sequence, reply_model, tapped
+from dflash_et.training.replies import generated, replies as slotted
 from dflash_et.training.train import new_draft
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -69,9 +71,10 @@ def replies(target_dir: Path, dtype: torch.dtype, prompts: int = 192, batch: int
     tok, model = tokenizer(target_dir), reply_model(target_dir, torch.device("cpu"), dtype)
     ids = [encode_chat(tok, r["prompt"]) for r in load_prompts("assistant", prompts, split="train")]
     order, eos, out = sorted(range(len(ids)), key=lambda i: len(ids[i])), {tok.eos_token_id}, {}
-    for name, decode in (("generate", generated), ("slots", slotted_replies)):
+    for name, decode in (("generate", generated), ("slots", slotted)):
         started = time.perf_counter()
-        answers = decode(model, ids, order, 128, eos, batch, lambda: False)
+        with torch.no_grad():
+            answers = decode(model, ids, order, 128, eos, batch, lambda: False, Sampling(), 0, tqdm(disable=True))
         out[f"{name}_reply_tokens_per_s"] = sum(map(len, answers.values())) / (time.perf_counter() - started)
     started = time.perf_counter()
     tapped(model, [1, 27], [(ids[i] + answers[i], len(ids[i])) for i in answers], taps_dtype=dtype)

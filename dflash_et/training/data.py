@@ -2,9 +2,9 @@
 writes itself: training.synthesize) and the target's own greedy replies to them, with the taps the draft reads.
 
 The replies come from a decode loop that refills finished rows (training.replies), and their taps from one forward
-pass over prompt and reply (HF `hidden_states[i + 1]` is layer i's output, as in the target program). The taps stay on the
-training device, so a training step reads them without a copy from the host; a run's state keeps the token ids
-alone (training.state), from which a resumed run recomputes them."""
+pass over prompt and reply (HF `hidden_states[i + 1]` is layer i's output, as in the target program). The taps stay
+on the training device, so a training step reads them without a copy from the host; a run's state keeps the token
+ids alone (training.state), from which a resumed run recomputes them."""
 
 import time
 from dataclasses import dataclass
@@ -16,7 +16,7 @@ from tqdm import tqdm
 from dflash_et.data.corpus import split_of
 from dflash_et.data.prompts import PROMPT_SETS, builtin_prompts, document_texts, load_prompts, text_of, with_documents
 from dflash_et.training.config import TrainConfig
-from dflash_et.training.replies import replies, slotted
+from dflash_et.training.replies import decode
 
 TRAIN_PROMPT_SEED = 4321
 # Tokens a tap pass takes (sequences times the longest): every layer's hidden states of a pass are held at once, and
@@ -53,49 +53,22 @@ def target_sequences(model, layer_ids: list[int], prompts: list[list[int]], max_
 def target_replies(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], batch: int = 16,
                    deadline: float | None = None, log=print) -> dict[int, list[int]]:
     """{prompt index: the target's greedy reply, ending at its first end-of-turn token}, `batch` prompts decoded at
-    a time (training.replies: finished rows refilled; transformers' `generate` on left-padded batches for the
-    families it does not run), ids alone: keeping every step's hidden states costs a sixth of the rate
+    a time (training.replies), ids alone: keeping every step's hidden states costs a sixth of the rate
     (docs/measurements.md), and the taps come cheaper from one prefill (`tapped`), which a resumed run needs anyway.
     Prompts go in by length; with a `deadline` (time.perf_counter), in a seeded random order, and none starts after
     it: the prompts answered are then a sample of all lengths."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     if deadline is not None:
         order = [order[i] for i in torch.randperm(len(order), generator=torch.Generator().manual_seed(0))]
-    late = lambda: deadline is not None and time.perf_counter() > deadline  # noqa: E731
-    out = (replies(model, prompts, order, max_new_tokens, eos, batch, late) if slotted(model) else
-           generated(model, prompts, order, max_new_tokens, eos, batch, late))
+    out = decode(model, prompts, order, max_new_tokens, eos, batch, lambda: past(deadline))
     if len(out) < len(prompts):
         log(f"[train_draft] replies to {len(out)} of {len(prompts)} prompts: the clock (train_draft.minutes) "
             "leaves the rest of the run to training")
     return out
 
 
-def generated(model, prompts: list[list[int]], order: list[int], max_new_tokens: int, eos: set[int], batch: int,
-              late) -> dict[int, list[int]]:
-    """`target_replies` through transformers' `generate`, `batch` prompts of `order` at a time, left-padded; no
-    batch starts once `late()` is true (after the first)."""
-    device = model.device
-    pad = next(iter(sorted(eos)), 0)
-    out: dict[int, list[int]] = {}
-    with torch.no_grad(), tqdm(total=len(prompts), desc="[train_draft] target replies", unit="reply") as bar:
-        for first in range(0, len(order), batch):
-            if out and late():
-                break
-            picks = order[first:first + batch]
-            width = max(len(prompts[i]) for i in picks)
-            ids = torch.full((len(picks), width), pad)
-            attention = torch.zeros(len(picks), width, dtype=torch.long)
-            for row, i in enumerate(picks):
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                attention[row, width - len(prompts[i]):] = 1
-            sequences = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
-                                       max_new_tokens=max_new_tokens, do_sample=False,
-                                       eos_token_id=sorted(eos) or None, pad_token_id=pad).cpu()
-            for row, i in enumerate(picks):
-                reply = sequences[row, width:].tolist()
-                out[i] = next((reply[:j + 1] for j, t in enumerate(reply) if t in eos), reply)
-            bar.update(len(picks))
-    return out
+def past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
 
 
 def tapped(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], tokens: int = TAP_TOKENS,

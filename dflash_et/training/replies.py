@@ -1,16 +1,20 @@
-"""The target's greedy replies to many prompts at the CPU's speed: a decode loop over a fixed number of slots, each
-row at its own length, that refills a slot with the next prompt as soon as its reply ends.
+"""The target's replies to many prompts at the CPU's speed: a decode loop over a fixed number of slots, each row at
+its own length, that refills a slot with the next prompt as soon as its reply ends. Greedy (the training replies)
+or sampled with a generator per prompt (the prompts the target writes itself: training.synthesize), so a reply is
+the same whichever rows it shared its steps with.
 
 transformers' `generate` steps every row of a batch until the longest reply ends and pads every prompt to the
 longest: 62% of its row-steps were kept at batch 64 (docs/measurements.md#a-draft-from-two-cpu-cores). Here no
 row-step is spent on a finished reply, a prompt is padded only to those admitted with it, and the K/V rows live in
 one preallocated tensor per layer (no concatenation a step). It runs transformers' own modules (the model is the
 one `generate` would run) with a 4D mask and per-row positions, so it serves the families whose every layer is full
-causal attention behind `cache.update` (Llama, Qwen3, SmolLM2...); `target_replies` keeps `generate` for the rest.
+causal attention behind `cache.update` (Llama, Qwen3, SmolLM2...); `decode` keeps `generate` for the rest.
 """
 
 import torch
 from tqdm import tqdm
+
+from dflash_et.runtime.sampling import Sampling, distribution
 
 
 def slotted(model) -> bool:
@@ -47,11 +51,51 @@ class SlotCache:
         return self.k[layer][self.rows, :, :self.width], self.v[layer][self.rows, :, :self.width]
 
 
+def decode(model, prompts: list[list[int]], order: list[int], max_new_tokens: int, eos: set[int], batch: int,
+           stop=lambda: False, sampling: Sampling = Sampling(), seed: int = 0, desc: str = "target replies"
+           ) -> dict[int, list[int]]:
+    """{prompt index: the target's reply, ending at its first `eos` token (or at `max_new_tokens`)}, `batch` prompts
+    decoded at a time in `order`: in slots (`slotted` families) or through transformers' `generate` on left-padded
+    batches. Greedy, or sampled as `sampling` says from `seed` (slots: a generator per prompt index; `generate`:
+    torch's global one, seeded per batch). Once `stop()` is true (tried after the first batch) no prompt is taken
+    and the replies under way finish."""
+    with torch.no_grad(), tqdm(total=len(order), desc=f"[train_draft] {desc}", unit="reply") as bar:
+        run = replies if slotted(model) else generated
+        return run(model, prompts, order, max_new_tokens, eos, batch, stop, sampling, seed, bar)
+
+
+def generated(model, prompts: list[list[int]], order: list[int], max_new_tokens: int, eos: set[int], batch: int,
+              stop, sampling: Sampling, seed: int, bar: tqdm) -> dict[int, list[int]]:
+    """`decode` through transformers' `generate`."""
+    device = model.device
+    pad = next(iter(sorted(eos)), 0)
+    out: dict[int, list[int]] = {}
+    warpers = {} if sampling.greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                          "top_k": sampling.top_k or 0}
+    for first in range(0, len(order), batch):
+        if out and stop():
+            break
+        picks = order[first:first + batch]
+        width = max(len(prompts[i]) for i in picks)
+        ids = torch.full((len(picks), width), pad)
+        attention = torch.zeros(len(picks), width, dtype=torch.long)
+        for row, i in enumerate(picks):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            attention[row, width - len(prompts[i]):] = 1
+        torch.manual_seed(seed * 100003 + first)
+        sequences = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                   max_new_tokens=max_new_tokens, do_sample=not sampling.greedy, **warpers,
+                                   eos_token_id=sorted(eos) or None, pad_token_id=pad).cpu()
+        for row, i in enumerate(picks):
+            reply = sequences[row, width:].tolist()
+            out[i] = next((reply[:j + 1] for j, t in enumerate(reply) if t in eos), reply)
+        bar.update(len(picks))
+    return out
+
+
 def replies(model, prompts: list[list[int]], order: list[int], max_new_tokens: int, eos: set[int], slots: int,
-            stop=lambda: False) -> dict[int, list[int]]:
-    """{prompt index: the target's greedy reply, ending at its first end-of-turn token}, the prompts admitted in
-    `order` into `slots` rows; once `stop()` is true (tried after the first admission) no prompt is admitted and the
-    replies under way finish."""
+            stop, sampling: Sampling, seed: int, bar: tqdm) -> dict[int, list[int]]:
+    """`decode` in `slots` rows."""
     config, device = model.config.get_text_config(), model.device
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -66,11 +110,24 @@ def replies(model, prompts: list[list[int]], order: list[int], max_new_tokens: i
     waiting = list(reversed(order))
 
     def step(rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-             ends: torch.Tensor) -> torch.Tensor:
+             ends: torch.Tensor, answering: list[int]) -> torch.Tensor:
+        """The next token of each row (of the prompts `answering`) after `tokens` at `positions`."""
         cache.call(rows, positions, mask.shape[-1])
         hidden = model.model(input_ids=tokens, position_ids=positions, attention_mask=mask[:, None], cache=cache,
                              use_cache=True).last_hidden_state
-        return model.lm_head(hidden[torch.arange(len(rows), device=device), ends]).argmax(-1)
+        logits = model.lm_head(hidden[torch.arange(len(rows), device=device), ends])
+        if sampling.greedy:
+            return logits.argmax(-1)
+        probs = distribution(logits, sampling)
+        return torch.cat([torch.multinomial(probs[r], 1, generator=generator(i)) for r, i in enumerate(answering)])
+
+    generators: dict[int, torch.Generator] = {}
+
+    def generator(i: int) -> torch.Generator:
+        """Prompt i's own: its reply does not depend on which rows shared its steps."""
+        if i not in generators:
+            generators[i] = torch.Generator(device=device).manual_seed(seed * 100003 + i)
+        return generators[i]
 
     def admit(free: list[int]) -> None:
         picks = [waiting.pop() for _ in range(min(len(free), len(waiting)))]
@@ -82,7 +139,7 @@ def replies(model, prompts: list[list[int]], order: list[int], max_new_tokens: i
             tokens[r, :len(prompts[i])] = torch.tensor(prompts[i])
         at = torch.arange(width, device=device)
         mask = (at[None, :, None] >= at[None, None, :]) & (at[None, None, :] < lengths[:, None, None])
-        first = step(rows, tokens.to(device), at.expand(len(picks), width), mask, lengths - 1)
+        first = step(rows, tokens.to(device), at.expand(len(picks), width), mask, lengths - 1, picks)
         for r, i in enumerate(picks):
             owner[int(rows[r])], out[i] = i, []
         size[rows], last[rows] = lengths, first
@@ -97,18 +154,18 @@ def replies(model, prompts: list[list[int]], order: list[int], max_new_tokens: i
                 owner[row] = -1
                 bar.update(1)
 
-    with torch.no_grad(), tqdm(total=len(order), desc="[train_draft] target replies", unit="reply") as bar:
-        while True:
-            free = [s for s in range(slots) if owner[s] < 0]
-            if free and waiting and (not out or not stop()):
-                admit(free)
-                continue
-            busy = torch.tensor([s for s in range(slots) if owner[s] >= 0], dtype=torch.long, device=device)
-            if not len(busy):
-                return out
-            positions = size[busy][:, None]
-            width = int(positions.max()) + 1
-            mask = torch.arange(width, device=device)[None, None, :] <= positions[:, :, None]
-            last[busy] = step(busy, last[busy][:, None], positions, mask, torch.zeros_like(busy))
-            size[busy] += 1
-            record(busy)
+    while True:
+        free = [s for s in range(slots) if owner[s] < 0]
+        if free and waiting and (not out or not stop()):
+            admit(free)
+            continue
+        busy = [s for s in range(slots) if owner[s] >= 0]
+        if not busy:
+            return out
+        rows = torch.tensor(busy, dtype=torch.long, device=device)
+        positions = size[rows][:, None]
+        width = int(positions.max()) + 1
+        mask = torch.arange(width, device=device)[None, None, :] <= positions[:, :, None]
+        last[rows] = step(rows, last[rows][:, None], positions, mask, torch.zeros_like(rows), [owner[s] for s in busy])
+        size[rows] += 1
+        record(rows)

@@ -10,10 +10,11 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterable
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from dflash_et.data.chat import chat_format
+from dflash_et.runtime.sampling import Sampling
+from dflash_et.training.replies import decode
 
 MIN_CHARS = 12  # fewer characters than "What is DNS?" ask for no reply worth learning
 # Repetitive: a quarter or more of a message's token 4-grams repeat an earlier one. A loop through the same words
@@ -70,44 +71,39 @@ def _eos(model) -> list[int]:
 
 def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *, batch: int = 16,
                        max_new_tokens: int = 96, temperature: float = 1.0, top_p: float = 0.95,
-                       exclude: Iterable[str] = (), device: str | torch.device = "cpu", log=print,
-                       deadline: float | None = None) -> list[dict]:
-    """Up to n rows {"category": "synthetic", "prompt": text} the target (`model`, on `device`, and its `tok`)
-    wrote as user messages, in the order sampled; [] for a tokenizer without a chat template (user_turn). Batches
-    of `batch` samples of at most `max_new_tokens` tokens, at `temperature` and `top_p`, with no top-k (the
-    checkpoint's own, Qwen3's 20 say, would narrow what it asks), until n are kept or ceil(3n / batch) + 1
-    batches were drawn: a target that seldom writes an acceptable message gives fewer, never an endless loop.
-    Dropped: a message not ended within max_new_tokens ("truncated"), `rejection`'s, a repeat of a kept one
-    ("duplicate"), and one of the `exclude` texts, the held-out prompts ("held-out"), compared lower-cased with
-    whitespace collapsed. Each batch seeds torch's global RNG from `seed` and its index, so the prompts do not
-    depend on what ran before in the process. With a `deadline` (time.perf_counter), no batch after the first starts
-    past it."""
+                       exclude: Iterable[str] = (), log=print, deadline: float | None = None) -> list[dict]:
+    """Up to n rows {"category": "synthetic", "prompt": text} the target (`model` and its `tok`)
+    wrote as user messages, in the order sampled; [] for a tokenizer without a chat template (user_turn). Samples
+    of at most `max_new_tokens` tokens, `batch` decoded at a time (training.replies), at `temperature` and `top_p`,
+    with no top-k (the checkpoint's own, Qwen3's 20 say, would narrow what it asks), until n are kept or 3n + `batch`
+    were drawn: a target that seldom writes an acceptable message gives fewer, never an endless loop. Dropped: a
+    message not ended within max_new_tokens ("truncated"), `rejection`'s, a repeat of a kept one ("duplicate"), and
+    one of the `exclude` texts, the held-out prompts ("held-out"), compared lower-cased with whitespace collapsed.
+    Sample i is drawn from `seed` and i alone, so the prompts do not depend on what ran before in the process. With a
+    `deadline` (time.perf_counter), no sample is started past it once the first `batch` have been."""
     turn = user_turn(tok)
     if turn is None or n <= 0:
         return []
     opening, end = turn
     stops = list(dict.fromkeys(end + _eos(model)))
     held, special = {_key(text) for text in exclude}, set(tok.all_special_ids)
-    seen, rows, dropped, sampled = set(), [], Counter(), 0
-    input_ids = torch.tensor([opening] * batch, device=device)
+    seen, rows, dropped, drawn, limit = set(), [], Counter(), 0, 3 * n + batch
+    sampling = Sampling(temperature=temperature, top_p=top_p)
     t0 = time.perf_counter()
-    for call in range(math.ceil(3 * n / batch) + 1):
-        if len(rows) >= n or (call and deadline is not None and time.perf_counter() > deadline):
-            break
-        torch.manual_seed(seed * 100003 + call)
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
-                                 temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-                                 eos_token_id=stops, pad_token_id=stops[0])
-        for sample in out[:, len(opening):].tolist():
+    while len(rows) < n and drawn < limit and not (drawn and deadline is not None and time.perf_counter() > deadline):
+        count = min(limit - drawn, max(batch, math.ceil(1.25 * (n - len(rows)))))
+        samples = decode(model, [opening] * (drawn + count), list(range(drawn, drawn + count)), max_new_tokens,
+                         set(stops), batch, lambda: deadline is not None and time.perf_counter() > deadline,
+                         sampling, seed, desc="prompts the target writes")
+        drawn += count
+        for i in sorted(samples):
             if len(rows) >= n:
                 break
-            sampled += 1
-            stop = next((i for i, t in enumerate(sample) if t in stops), None)
-            if stop is None:
+            sample = samples[i]
+            if sample[-1] not in stops:
                 dropped["truncated"] += 1
                 continue
-            ids = sample[:stop]
+            ids = sample[:-1]
             text = tok.decode(ids, skip_special_tokens=True).strip()
             key = _key(text)
             reason = rejection(ids, text, special=special) or ("held-out" if key in held else "duplicate" if key in seen else None)
@@ -116,6 +112,7 @@ def synthesize_prompts(model, tok: PreTrainedTokenizerBase, n: int, seed: int, *
                 continue
             seen.add(key)
             rows.append({"category": "synthetic", "prompt": text})
+    sampled = sum(dropped.values()) + len(rows)
     reasons = ", ".join(f"{reason} {count}" for reason, count in dropped.most_common()) or "none"
     log(f"[train_draft] synthesized {len(rows)} prompts from {sampled} samples (dropped: {reasons}) in "
         f"{time.perf_counter() - t0:.0f} s")

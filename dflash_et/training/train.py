@@ -209,7 +209,7 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
     eos, tok, model = set(eos_ids(target_dir)), tokenizer(target_dir), reply_model(target_dir, device, dtype)
     log(f"[train_draft] {device} ({state.host()}): replies, taps and training in {DTYPE_NAMES[dtype]}")
     clock.add("loading", clock.start)
-    saved, had = collect(config, saved, state_dir, target_id, tok, model, eos, device, draft, clock, log)
+    saved, had = collect(config, saved, state_dir, target_id, tok, model, eos, draft, clock, log)
     since = time.perf_counter()
     data, heldout = (tapped(model, target.layer_ids, ids, taps_dtype=dtype) for ids in (saved.train, saved.heldout))
     del model

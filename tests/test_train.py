@@ -124,6 +124,19 @@ def test_batched_replies_are_greedy_and_their_taps_are_the_targets(trained_pair,
         torch.testing.assert_close(seq.taps, taps[0, :len(seq.taps)], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("family, slots", [("qwen3", True), ("llama", True), ("qwen3_5_text", False),
+                                           ("gemma4", False)])
+def test_the_slots_run_the_families_whose_every_layer_is_full_attention(family, slots, tmp_path):
+    """Qwen3 and Llama go through the slots; Qwen3.5's linear-attention layers and Gemma 4's sliding and shared K/V
+    keep transformers' `generate`, which runs their caches as they need."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_et.training.replies import slotted
+    from tests.tiny_checkpoints import random_checkpoint
+
+    assert slotted(AutoModelForCausalLM.from_pretrained(random_checkpoint(tmp_path / family, family))) == slots
+
+
 @pytest.mark.parametrize("slots", [True, False], ids=["slots", "generate"])
 def test_replies_past_the_deadline_are_the_first_prompts_taken(trained_pair, slots, monkeypatch):
     """With the clock run out, no prompt is taken after the first batch (3 of 7 here, a random sample of lengths),

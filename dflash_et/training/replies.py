@@ -18,12 +18,13 @@ from dflash_et.runtime.sampling import Sampling, distribution
 
 
 def slotted(model) -> bool:
-    """Whether `replies` runs `model`: a decoder whose every layer is full attention (no sliding window, no linear
-    attention, no K/V shared across layers), as the Llama family's."""
+    """Whether `replies` runs `model`: a decoder (`model.model`, `model.lm_head`) whose every layer is full causal
+    attention (no sliding window, no linear attention, no K/V shared across layers), as Llama's and Qwen3's."""
     config = model.config.get_text_config()
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     return (kinds == {"full_attention"} and not getattr(config, "sliding_window", None)
-            and model.config.model_type in ("llama", "qwen2", "qwen3", "mistral"))
+            and not getattr(config, "num_kv_shared_layers", 0) and hasattr(model, "model")
+            and hasattr(model, "lm_head"))
 
 
 class SlotCache:

@@ -3,7 +3,7 @@ and agents that speak it.
 
 ExecuTorch's own server does the HTTP side (executorch.examples.llm_server: FastAPI routes, request checks, the
 chat template, tool-call parsing, streaming, usage, sessions); this module gives it what it lacks for DFlash:
-dflash_runner workers (`--worker`, runner/src/worker.h: the JSONL protocol its worker_client speaks, DFlash auto
+dflash_runner workers (`--worker`, runner/worker/worker.h: the JSONL protocol its worker_client speaks, DFlash auto
 by default), more than one of them, a bounded queue, workers restarted when they die, and errors in the OpenAI
 shape for requests its routes cannot parse. One worker holds one conversation's caches: a session's requests go to
 the worker that served it before, so a second turn runs only its new tokens.
@@ -12,6 +12,7 @@ the worker that served it before, so a second turn runs only its new tokens.
 import asyncio
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -60,6 +61,7 @@ class Worker:
         except (WorkerError, OSError) as e:
             raise UserError(f"the C++ worker did not start ({e}); run `{' '.join(command)}` to see why") from None
         self.runtime = SessionRuntime(client)
+        self.sessions = client.max_named_sessions  # the named sessions it keeps at once
         self.chat = ServingChat(self.runtime, template, model_id, max_context=max_context,
                                 tool_detector_cls=tool_parser(template.chat_template_str() or ""))
         self.load = 0  # requests running or waiting on it
@@ -116,13 +118,15 @@ class Pool:
     a request goes to the worker its session used before (its cache holds the conversation), else to the least
     loaded; past `workers + queue` requests at once, streamed or not, counted from acceptance, it is refused (503)
     at once; a worker found dead is replaced before it gets the next request (the requests it held were answered
-    with an error)."""
+    with an error). A worker keeps as many sessions as it says it can: a new one past that closes the one idle
+    longest (clients that never close would fill it, and the adapter's transcripts grow with every session); that
+    session's next turn is prefilled anew, slower and never wrong."""
 
     def __init__(self, start: Callable[[], Worker], workers: int, queue: int):
         self._start, self._queue = start, queue
         self._workers = [start() for _ in range(workers)]
         self._restarting = [asyncio.Lock() for _ in range(workers)]
-        self._sessions: dict[str, int] = {}
+        self._sessions: OrderedDict[str, int] = OrderedDict()  # session: its worker, idle longest first
 
     @property
     def healthy(self) -> bool:
@@ -138,6 +142,8 @@ class Pool:
             if worker is not held.worker:  # replaced while it waited: the new one carries the count
                 held.release()
                 held = Held(worker)
+            for idle in self._evicted(i):
+                await worker.chat.close_session(idle)
             result = await worker.chat.create(req)
         except BaseException:
             held.release()
@@ -150,11 +156,21 @@ class Pool:
     def _pick(self, session_id: str | None) -> int:
         """The worker that served the session before, else the least loaded."""
         if session_id is not None and session_id in self._sessions:
+            self._sessions.move_to_end(session_id)
             return self._sessions[session_id]
         i = min(range(len(self._workers)), key=lambda j: self._workers[j].load)
         if session_id is not None:
             self._sessions[session_id] = i
         return i
+
+    def _evicted(self, i: int) -> list[str]:
+        """The sessions of worker `i` past what it keeps, idle longest first, taken out of the map at once (before
+        any await, so that two requests never evict the same one)."""
+        mine = [s for s, w in self._sessions.items() if w == i]
+        idle = mine[:max(0, len(mine) - self._workers[i].sessions)] if self._workers[i].sessions > 0 else []
+        for session in idle:
+            del self._sessions[session]
+        return idle
 
     async def _healthy(self, i: int) -> Worker:
         """Worker `i`, replaced first if it died."""

@@ -1,6 +1,6 @@
 """block_size: auto, on a scripted target and draft with a constructed cost curve: the planner's choices
 are functions of the curve and the draft's confidence, so every decision here is deterministic. The planner is the
-C++ runner's (runner/src/planner.h, through the host library): these tests see only what it chooses."""
+C++ runner's (runner/host/planner.h, through the host library): these tests see only what it chooses."""
 
 from dataclasses import replace
 

@@ -237,3 +237,38 @@ def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path
     assert third.returncode != 0 and not (tmp_path / "draft2").exists()
     said = third.stderr.strip().splitlines()[-1]
     assert said.startswith(f"error: --resume {tmp_path / 'state'}: its state is damaged")
+
+
+def test_a_campaign_taps_only_the_sequences_its_cache_lacks(trained_pair, tmp_path, monkeypatch):
+    """cached_taps: a first session taps every sequence and keeps them; the next, with two more, taps only those two
+    and returns what tapping all would; another key (target, layers, dtype) or a damaged file taps all again."""
+    from dflash_et.training import data
+
+    target_dir, layers = trained_pair[0], [1, 3]
+    model = data.reply_model(target_dir, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    seqs = [(torch.randint(0, 200, (n,), generator=g).tolist(), 3) for n in (9, 14, 6, 11, 14)]
+    whole = data.tapped(model, layers, seqs)
+    computed = []
+    real = data.tapped
+
+    def counting(model, layer_ids, sequences, **kw):
+        computed.append(len(sequences))
+        return real(model, layer_ids, sequences, **kw)
+    monkeypatch.setattr(data, "tapped", counting)
+    cache = tmp_path / "state.taps.safetensors"
+
+    def taps(sequences, key="k"):
+        return data.cached_taps(model, layers, sequences, cache, key)
+    for got, want in zip(taps(seqs[:3]), whole):
+        assert got.tokens.tolist() == want.tokens.tolist() and got.prompt_len == 3
+        torch.testing.assert_close(got.taps, want.taps, rtol=1e-5, atol=1e-5)
+    assert computed == [3]
+    both = taps(seqs)
+    assert computed == [3, 2] and [s.tokens.tolist() for s in both] == [t for t, _ in seqs]
+    for got, want in zip(both, whole):
+        torch.testing.assert_close(got.taps, want.taps, rtol=1e-5, atol=1e-5)
+    taps(seqs, key="other target")
+    cache.write_bytes(b"\x10\x00garbage")
+    taps(seqs)
+    assert computed == [3, 2, 5, 5]

@@ -105,3 +105,31 @@ def test_the_committed_reports_are_of_this_code():
     stale = {stage: what for stage, what in stale.items() if what}
     assert not stale, (f"dvc.lock is older than what these stages run: {stale}; run `make repro` and commit dvc.lock "
                        "and reports/ (or `dvc commit STAGE` where the change cannot change what it reports)")
+
+
+def native_sources(target: str) -> set[Path]:
+    """The files of one of runner/CMakeLists.txt's targets: its sources and the project headers they include."""
+    cmake = (REPO / "runner" / "CMakeLists.txt").read_text()
+    listed = re.search(rf"add_(?:library|executable)\({target}(?: SHARED)? ([^)]*)\)", cmake).group(1).split()
+    todo, seen = [REPO / "runner" / s for s in listed], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for header in re.findall(r'#include "([\w.]+)"', path.read_text()):
+            todo += [d / header for d in (REPO / "runner").iterdir() if (d / header).is_file()]
+    return {p.relative_to(REPO) for p in seen}
+
+
+def test_the_stages_depend_on_the_native_code_they_run_and_not_on_the_server():
+    """Every stage that decodes loads the host library, and the bench's C++ runner is dflash_runner; `dflash serve`'s
+    worker (runner/worker/) is in no stage's deps, so a change to serving leaves the pipeline up to date (#60)."""
+    stages = stage_modules()
+    host, runner = native_sources("dflash_host"), native_sources("dflash_runner")
+    assert Path("runner/host/planner.h") in host and Path("runner/worker/worker.cpp") in runner
+    for name, (module, deps) in stages.items():
+        if Path("dflash_et/runtime/native.py") in closure(module):
+            assert all(covered(f, deps) for f in host), f"{name} misses host library sources"
+        assert not any(covered(f, deps) for f in runner if f.parts[1] == "worker"), f"{name} depends on the worker"
+    assert all(covered(f, stages["bench"][1]) for f in runner if f.parts[1] != "worker")

@@ -1,4 +1,4 @@
-"""Lookup proposals (runner/src/lookup.h through the host library): what they propose, and decoding with them as
+"""Lookup proposals (runner/host/lookup.h through the host library): what they propose, and decoding with them as
 exact as plain decoding, greedy (the built-in target) and sampled (a toy target, against its exact law)."""
 
 import itertools

@@ -172,7 +172,7 @@ def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner
 
 
 def test_runner_makes_the_python_engines_lookup_rounds(programs, runner, prompts):
-    """Lookup proposals (runner/src/lookup.h, no draft call) at several blocks: the same tokens and rounds
+    """Lookup proposals (runner/host/lookup.h, no draft call) at several blocks: the same tokens and rounds
     (proposed, verified, accepted) in both runners, and plain decoding's tokens, after the test prompts and after
     each followed by its reply and its last tokens again (so that the reply repeats and lookup pays)."""
     python = Engine(programs)

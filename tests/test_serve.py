@@ -468,12 +468,30 @@ def test_the_worker_answers_bad_requests_with_codes_and_goes_on(programs, runner
                               ({"max_new_tokens": 3}, "invalid_request")]:
             tokens, answer = ask(request)
             assert not tokens and answer.get("code") == code and answer["error"], (request, answer)
-        for i in range(64):
-            assert ask({"op": "open", "session_id": f"s{i}"})[1] == {"opened": True, "session_id": f"s{i}"}
-        assert ask({"op": "open", "session_id": "one-more"})[1]["code"] == "capacity_exhausted"
-        assert ask({"op": "close", "session_id": "s0"})[1] == {"closed": True, "session_id": "s0"}
-        assert ask({"op": "open", "session_id": "one-more"})[1]["opened"]
+        assert ask({"op": "close", "session_id": "never-opened"})[1] == {"closed": True, "session_id": "never-opened"}
         assert ask({"prompt": "hi", "max_new_tokens": 3})[1]["done"]
+
+
+def test_conversations_that_never_close_evict_the_idlest_and_stay_exact(programs, runner):
+    """200 conversations that never close on one worker (it keeps 64 names): each is answered with plain greedy
+    decoding's tokens, none is refused, the newest one's turn 2 resumes from the cache, and an evicted one's turn 2
+    is prefilled anew and as exact."""
+    tok, engine = tokenizer(programs), Engine(programs)
+    eos = set(engine.eos_ids)
+    prompts = [encode_chat(tok, f"Count to {i}.") for i in range(200)]
+    with worker(programs, runner, "--ar") as (ready, ask, _):
+        assert ready["max_named_sessions"] == 64
+        answers = [ask({"prompt_segments": [{"ids": p}], "max_new_tokens": 2, "session_id": f"c{i}"})[1]
+                   for i, p in enumerate(prompts)]
+        assert all(a.get("done") for a in answers), next(a for a in answers if not a.get("done"))
+        for i in (0, 63, 64, 199):
+            assert answers[i]["generated_token_ids"] == [t for t in engine.ar(prompts[i], 2).tokens if t not in eos]
+        for i, reason in ((199, "exact_prefix"), (0, "mismatch")):  # c0: only the chat template's opening is reused
+            turn2 = prompts[i] + answers[i]["generated_token_ids"] + tok.encode(
+                "<|im_end|>\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+            _, again = ask({"prompt_segments": [{"ids": turn2}], "max_new_tokens": 4, "session_id": f"c{i}"})
+            assert again["session_reset_reason"] == reason
+            assert again["generated_token_ids"] == [t for t in engine.ar(turn2, 4).tokens if t not in eos]
 
 
 # --------------------------------------------------------------- faults a real worker is too quick to show
@@ -481,16 +499,21 @@ def test_the_worker_answers_bad_requests_with_codes_and_goes_on(programs, runner
 FAKE_WORKER = r"""
 import json, sys, time
 print(json.dumps({"ready": True, "max_named_sessions": 64}), flush=True)
+sessions = set()  # as ExecuTorch's own worker: a 65th session is refused
 for line in sys.stdin:
     request = json.loads(line)
     if "op" in request:
+        if request["op"] == "open" and request["session_id"] not in sessions and len(sessions) == 64:
+            print(json.dumps({"error": "all 64 sessions are open", "code": "capacity_exhausted"}), flush=True)
+            continue
+        (sessions.add if request["op"] == "open" else sessions.discard)(request["session_id"])
         print(json.dumps({request["op"] + ("ed" if request["op"] == "open" else "d" if request["op"] == "close"
                                              else ""): True}), flush=True)
         continue
     print(json.dumps({"token": "Hello"}), flush=True)
     if "die" in request["prompt"]:
         sys.exit(3)
-    time.sleep(0.3)
+    time.sleep(0 if "fast" in request["prompt"] else 0.3)
     print(json.dumps({"done": True, "prompt_tokens": 3, "completion_tokens": 1, "finish_reason": "stop"}), flush=True)
 """
 
@@ -557,6 +580,22 @@ def test_streamed_requests_with_sessions_count_from_acceptance(fake_app):
     again = asyncio.run(ask(app, "after", stream=True, session="s0"))
     pool.close()
     assert again.status_code == 200
+
+
+def test_conversations_that_never_close_are_all_served_in_bounded_state(fake_app):
+    """200 conversations, one turn each and none closed, on a worker that keeps 64 sessions and refuses a 65th (as
+    ExecuTorch's own does): every one is answered, the pool closes the sessions idle longest and its map stays
+    within what the worker keeps; a session evicted long ago is served again."""
+    pool, app = fake_app(workers=1, queue=4)
+
+    async def conversations():
+        return [await ask(app, f"fast {i}", session=f"c{i}") for i in range(200)]
+    replies = asyncio.run(conversations())
+    assert [r.status_code for r in replies] == [200] * 200, next(r.text for r in replies if r.status_code != 200)
+    assert list(pool._sessions) == [f"c{i}" for i in range(136, 200)]
+    again = asyncio.run(ask(app, "fast again", session="c0"))
+    pool.close()
+    assert again.status_code == 200 and "c0" in pool._sessions and len(pool._sessions) == 64
 
 
 def test_a_worker_dying_mid_request_is_an_error_then_a_new_worker_serves(fake_app):

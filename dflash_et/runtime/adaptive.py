@@ -1,6 +1,6 @@
 """Adaptive verify length (`block_size: auto`): how many proposals each round drafts and verifies.
 
-The planner is the C++ runner's (runner/src/planner.h, whose header says what each rule is and why), called
+The planner is the C++ runner's (runner/host/planner.h, whose header says what each rule is and why), called
 through the host library (`native`), so that both runners make the same choices and a rule changes in one place.
 """
 

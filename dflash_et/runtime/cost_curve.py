@@ -1,7 +1,7 @@
 """The cost curve `block_size: auto` decides by: milliseconds per program call on one device, by call size and
 cache position, timed in decoding rounds as decoding runs them (`measure_cost_curve`), or read from the bench
 stage's reports/cost_curve.json (`CostCurve.load`). How it is measured, read, checked and interpolated is the C++
-runner's (runner/src/cost_curve.h, through `native`): both runners plan by the same curve the same way."""
+runner's (runner/host/cost_curve.h, through `native`): both runners plan by the same curve the same way."""
 
 import json
 from dataclasses import asdict, dataclass
@@ -66,7 +66,7 @@ def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_tok
                        repeats: int = 5, programs: str = "") -> CostCurve:
     """Time the draft and target calls of decoding rounds with a block of B = 1..max_block (B = 1: a plain
     step), run by `generate_dflash` itself, at the start, middle and end of the cache, as the runner's CostSweep
-    plans them (runner/src/cost_curve.h says how and why); `repeats` sweeps of each after one to warm up. It writes
+    plans them (runner/host/cost_curve.h says how and why); `repeats` sweeps of each after one to warm up. It writes
     into both programs' caches: call it before a generation, whose prefill overwrites them."""
     sweep = native.CostSweep(max_block, max_seq_len, repeats)
     for i, start in enumerate(sweep.starts):

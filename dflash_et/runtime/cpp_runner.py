@@ -3,7 +3,7 @@ with no Python between the program calls.
 
 `CppEngine` keeps one `dflash_runner --serve` process per programs directory, so that the programs load once
 and their caches stay warm across generations, as in the Python engine. The runner decodes at fixed blocks or
-`auto` (runner/src/planner.cpp, the one planner both runners call, with its cost curve from the bench's file or
+`auto` (runner/host/planner.cpp, the one planner both runners call, with its cost curve from the bench's file or
 measured by the runner), greedy or sampled by the same algorithm, with a DFlash draft or a DFlash2 one; its seeded
 generator is its own, so a seed gives other tokens than in the Python engine. `make runner` builds it (runner/toolchain.py).
 """

@@ -1,4 +1,4 @@
-"""The host library (libdflash_host.so, runner/src/host_api.cpp): the cost curve and its measurement, auto's
+"""The host library (libdflash_host.so, runner/host/host_api.cpp): the cost curve and its measurement, auto's
 planner, a DFlash2 draft's lattice walk and lookup proposals, as the C++ runner runs them, called here by the Python
 engine.
 
@@ -141,7 +141,7 @@ def programs_identity(parts: list[int]) -> str:
 
 
 def planned(auto: bool, greedy: bool) -> bool:
-    """Whether a generation is planned round by round (runner/src/planner.h says why sampled auto is not)."""
+    """Whether a generation is planned round by round (runner/host/planner.h says why sampled auto is not)."""
     return bool(library().dflash_planned(auto, greedy))
 
 
@@ -173,14 +173,14 @@ class Planner:
 
 
 def adaptive_planner(curve: Curve, max_block: int, time_weight: float | None = None) -> Planner:
-    """auto's planner (runner/src/planner.h) over `curve`, for drafts of at most `max_block` tokens; `time_weight`:
+    """auto's planner (runner/host/planner.h) over `curve`, for drafts of at most `max_block` tokens; `time_weight`:
     how fast it follows the rounds' wall times (0: the curve alone, so that its choices are the rounds' alone;
     default: the planner's)."""
     return Planner(library().dflash_planner_new(curve._handle, max_block, -1.0 if time_weight is None else time_weight))
 
 
 class CostSweep:
-    """How a cost curve is measured (dflash::CostSweep, runner/src/cost_curve.h): the caller decodes
+    """How a cost curve is measured (dflash::CostSweep, runner/host/cost_curve.h): the caller decodes
     `tokens` new tokens after each of `starts`, `count` times each, with `planner(n)`, and `record`s the rounds."""
 
     def __init__(self, max_block: int, max_seq_len: int, repeats: int):
@@ -209,7 +209,7 @@ class CostSweep:
 def walk(candidates: torch.Tensor, unary: torch.Tensor, pair: torch.Tensor, vocab_size: int,
          temperature: float = 0.0, sample: bool = False, seed: int = 0
          ) -> tuple[list[int], torch.Tensor | None, torch.Tensor]:
-    """A DFlash2 lattice's path as the runner's sampler walks it (runner/src/sampling.h, Sampler::walk): (path,
+    """A DFlash2 lattice's path as the runner's sampler walks it (runner/host/sampling.h, Sampler::walk): (path,
     q [P, V] for sampled proposals (temperature > 0 and `sample`) else None, the scores [P, k] each choice was
     made from)."""
     candidates, unary, pair = candidates.long().contiguous(), unary.float().contiguous(), pair.float().contiguous()
@@ -223,7 +223,7 @@ def walk(candidates: torch.Tensor, unary: torch.Tensor, pair: torch.Tensor, voca
 
 
 def lookup(context: list[int], max_tokens: int) -> list[int]:
-    """Lookup proposals after `context` (runner/src/lookup.h): at most `max_tokens` tokens that followed the latest
+    """Lookup proposals after `context` (runner/host/lookup.h): at most `max_tokens` tokens that followed the latest
     earlier occurrence of its longest recurring suffix; none where none recurs."""
     out = (_i64 * max(max_tokens, 0))()
     n = library().dflash_lookup((_i64 * len(context))(*context), len(context), max_tokens, out)

@@ -4,13 +4,18 @@ writes itself: training.synthesize) and the target's own greedy replies to them,
 The replies come from a decode loop that refills finished rows (training.replies), and their taps from one forward
 pass over prompt and reply (HF `hidden_states[i + 1]` is layer i's output, as in the target program). The taps stay
 on the training device, so a training step reads them without a copy from the host; a run's state keeps the token
-ids alone (training.state), from which a resumed run recomputes them."""
+ids alone (training.state), and a campaign's working copy its taps beside it (`cached_taps`), so a resumed session
+taps only its new sequences."""
 
+import hashlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dflash_et.data.corpus import split_of
@@ -99,6 +104,31 @@ def tapped(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], 
                 out[i] = Sequence(torch.tensor(tokens_i), taps[row, :len(tokens_i) - 1].clone(), prompt_len)
             bar.update(len(picks))
     return [out[i] for i in range(len(sequences))]
+
+
+def cached_taps(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], cache: Path, key: str,
+                taps_dtype: torch.dtype = torch.float32) -> list[Sequence]:
+    """`tapped`, with the taps of the sequences `cache` already holds read from it rather than recomputed, and the
+    file written anew with all of them. `cache` is one safetensors file, each sequence's taps under its ids' hash,
+    valid for `key` (the target, its tap layers and the taps' dtype: another key, or a damaged file, is recomputed
+    whole). A campaign's sessions keep adding replies, and tapping them all again took a third of a 90-minute CPU
+    session (docs/measurements.md#a-draft-from-two-cpu-cores); the file stays in the working copy (gigabytes)."""
+    names = [hashlib.sha256(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes()).hexdigest()[:32]
+             for tokens, _ in sequences]
+    known: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(cache, "pt") as f:
+            if (f.metadata() or {}).get("key") == key:
+                known = {name: f.get_tensor(name).to(model.device) for name in set(names) & set(f.keys())}
+    except (OSError, SafetensorError):
+        pass
+    missing = sorted({i for i, name in enumerate(names) if name not in known})
+    for i, fresh in zip(missing, tapped(model, layer_ids, [sequences[i] for i in missing], taps_dtype=taps_dtype)):
+        known[names[i]] = fresh.taps
+    tmp = cache.with_name(f".{cache.name}.tmp")
+    save_file({name: known[name].cpu().contiguous() for name in set(names)}, tmp, metadata={"key": key})
+    os.replace(tmp, cache)
+    return [Sequence(torch.tensor(tokens), known[name], prompt_len) for (tokens, prompt_len), name in zip(sequences, names)]
 
 
 def training_prompts(config: TrainConfig) -> tuple[list[dict], list[dict]]:

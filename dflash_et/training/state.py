@@ -129,6 +129,12 @@ def restore(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module, opt: tor
                 opt.state[p] = moments
 
 
+def taps_file(state_dir: Path) -> Path:
+    """Where a campaign's working copy keeps its taps (training.data.cached_taps): beside DIR, not in it (a save
+    replaces DIR whole), and not in git (gigabytes, which the ids in replies.npz recompute)."""
+    return state_dir.with_name(f"{state_dir.name}.taps.safetensors")
+
+
 def host() -> str:
     """The machine a session ran on, as a card records it (the CPU's model name where Linux says it)."""
     try:

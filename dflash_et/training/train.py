@@ -48,7 +48,7 @@ from dflash_et.training import state
 from dflash_et.training.blocks import block_tau
 from dflash_et.training.config import TrainConfig, check_head, compute_dtype, training_device
 from dflash_et.training.collect import collect
-from dflash_et.training.data import Sequence, reply_model, tapped
+from dflash_et.training.data import Sequence, cached_taps, reply_model, tapped
 from dflash_et.training.fit import Clock, Loop, fit
 
 # A new DFlash2 draft's parts: z-lab's released Qwen3.6-27B-DFlash2 config (conv 2 rows, groups of 16 channels,
@@ -211,7 +211,12 @@ def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.d
     clock.add("loading", clock.start)
     saved, had = collect(config, saved, state_dir, target_id, tok, model, eos, draft, clock, log)
     since = time.perf_counter()
-    data, heldout = (tapped(model, target.layer_ids, ids, taps_dtype=dtype) for ids in (saved.train, saved.heldout))
+    if state_dir is None:
+        data, heldout = (tapped(model, target.layer_ids, ids, taps_dtype=dtype) for ids in (saved.train, saved.heldout))
+    else:  # a campaign: its working copy keeps the taps it has made
+        both = cached_taps(model, target.layer_ids, saved.train + saved.heldout, state.taps_file(state_dir),
+                           f"{target_id} layers {target.layer_ids} {DTYPE_NAMES[dtype]}", dtype)
+        data, heldout = both[:len(saved.train)], both[len(saved.train):]
     del model
     clock.add("taps", since)
     new_tokens = sum(len(s.tokens) - s.prompt_len for s in data[had:])

@@ -14,7 +14,8 @@
 // EXECUTORCH_LLM_WORKER_CONTROL_FD, read between decoding steps.
 //
 // The caches are the conversation's: a request whose prompt starts with what the last generation left in them
-// (its prompt and its reply) runs only the rest (Pair::keep_resident), whichever session sent it.
+// (its prompt and its reply) runs only the rest (Pair::keep_resident), whichever session sent it. The worker keeps
+// max_named_sessions names and evicts the one idle longest for a new one, so no client is refused for capacity.
 #pragma once
 
 #include <cstdint>

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <list>
 #include <random>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,7 +20,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr size_t kMaxSessions = 64;  // named sessions admitted at once (their bookkeeping only: one cache)
+constexpr size_t kMaxSessions = 64;  // named sessions kept at once (their bookkeeping only: one cache)
 constexpr const char* kControlFdVariable = "EXECUTORCH_LLM_WORKER_CONTROL_FD";
 
 void send(const json& message) {
@@ -127,7 +129,7 @@ class Worker {
       admit(id);
       send({{"opened", true}, {"session_id", id}});
     } else if (op == "close" || op == "reset") {
-      if (op == "close") sessions_.erase(id);
+      if (op == "close") drop(id);
       if (holder_ == id) pair_.forget();
       send({{op == "close" ? "closed" : "reset", true}, {"session_id", id}});
     } else {
@@ -135,12 +137,24 @@ class Worker {
     }
   }
 
+  // A session to the front of the recent ones; a new one past kMaxSessions evicts the one idle longest (clients
+  // that never close would fill the worker otherwise). Evicting loses nothing: the caches are the last
+  // generation's whichever session it was, and a request resumes from them by its prompt alone (keep_resident).
   void admit(const std::string& id) {
-    if (sessions_.count(id)) return;
-    if (sessions_.size() >= kMaxSessions) {
-      throw RequestError("all " + std::to_string(kMaxSessions) + " sessions are open; close one", "capacity_exhausted");
+    drop(id);
+    if (recent_.size() >= kMaxSessions) {
+      std::fprintf(stderr, "dflash_worker: session %s evicted (idle longest of %zu)\n", recent_.back().c_str(),
+                   kMaxSessions);
+      drop(std::string(recent_.back()));
     }
-    sessions_.insert(id);
+    sessions_[id] = recent_.insert(recent_.begin(), id);
+  }
+
+  void drop(const std::string& id) {
+    if (const auto found = sessions_.find(id); found != sessions_.end()) {
+      recent_.erase(found->second);
+      sessions_.erase(found);
+    }
   }
 
   std::vector<int64_t> prompt(const json& request) const {
@@ -264,7 +278,8 @@ class Worker {
   const bool ar_;
   const int64_t block_;
   Control control_;
-  std::set<std::string> sessions_;
+  std::list<std::string> recent_;  // the named sessions, most recently used first
+  std::unordered_map<std::string, std::list<std::string>::iterator> sessions_;  // each one's place in recent_
   std::string holder_;  // the session whose conversation the caches hold ("": requests without one)
 };
 

@@ -24,11 +24,13 @@ from executorch.examples.llm_server.python.session_runtime import SessionRuntime
 from executorch.examples.llm_server.python.tool_parsers import (GemmaToolCallDetector, HermesDetector,
                                                                 QwenFunctionCallDetector)
 from executorch.examples.llm_server.python.worker_client import WorkerError, spawn_worker
+from executorch.examples.models.gemma4_31b.serve import _GEMMA_CHANNEL_SPECIALS, _strip_gemma_channels
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from dflash_et.data.chat import tokenizer
 from dflash_et.errors import UserError
 from dflash_et.runtime.programs import export_summary
 
@@ -52,18 +54,43 @@ def tool_parser(chat_template: str) -> type:
     return QwenFunctionCallDetector if "<function=" in chat_template else HermesDetector
 
 
+def chat_format(programs: Path) -> tuple[ChatTemplate, dict]:
+    """The target's chat template as ExecuTorch's server reads it (Qwen3 thinking off, as `dflash generate`), and
+    ServingChat's settings for its family, told by what the template writes (ExecuTorch's servers set them by hand
+    per model): the assistant header is the first line of the generation prompt (the rest, Qwen3's empty think
+    block or Gemma 4's empty thought channel, is the preamble a warm resume splices back); a target with Gemma 4's
+    channels gets ExecuTorch's Gemma server's content filter (the visible answer is outside them) and the
+    generation prompt after a tool's response; the tool parser is `tool_parser`'s."""
+    tok, probe = tokenizer(programs), [{"role": "user", "content": "?"}]
+    if tok.chat_template is None:
+        raise UserError(f"{programs} has no chat template to render chats with; `dflash serve` needs the target's "
+                        "own, which the package stage copies beside the programs when the target has one")
+    closed, opened = (tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=add, enable_thinking=False)
+                      for add in (False, True))
+    generation = opened[len(closed):] if opened.startswith(closed) else ""
+    header = generation[:generation.find("\n") + 1] or generation
+    channels = "<|channel>" in tok.get_vocab()
+    template = ChatTemplate(str(programs), default_template_kwargs={"enable_thinking": False},
+                            **({"assistant_header": header} if header else {}),
+                            append_generation_prompt_after_tool_response=channels)
+    serving = dict(tool_detector_cls=tool_parser(template.chat_template_str() or ""))
+    if channels:
+        serving.update(content_filter=_strip_gemma_channels, content_filter_specials=_GEMMA_CHANNEL_SPECIALS)
+    return template, serving
+
+
 class Worker:
     """One dflash_runner --worker process and ExecuTorch's OpenAI adapter over it."""
 
-    def __init__(self, command: list[str], template: ChatTemplate, model_id: str, max_context: int):
+    def __init__(self, command: list[str], chat: tuple[ChatTemplate, dict], model_id: str, max_context: int):
         try:
             client = spawn_worker(command)
         except (WorkerError, OSError) as e:
             raise UserError(f"the C++ worker did not start ({e}); run `{' '.join(command)}` to see why") from None
         self.runtime = SessionRuntime(client)
         self.sessions = client.max_named_sessions  # the named sessions it keeps at once
-        self.chat = ServingChat(self.runtime, template, model_id, max_context=max_context,
-                                tool_detector_cls=tool_parser(template.chat_template_str() or ""))
+        template, serving = chat
+        self.chat = ServingChat(self.runtime, template, model_id, max_context=max_context, **serving)
         self.load = 0  # requests running or waiting on it
 
     @property
@@ -225,20 +252,15 @@ def worker_command(programs: Path, runner: Path, threads: int, block_size: str, 
 
 def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, block_size: str = "auto",
               cost_curve: Path | None = None, model_id: str = "dflash-et", threads: int = 0) -> Pool:
-    """The workers over `programs`, with its chat template (Qwen3 thinking off, as `dflash generate`) and context
-    length, each on `threads` threads (0: its share of the cores)."""
+    """The workers over `programs`, with its chat format (`chat_format`) and context length, each on `threads`
+    threads (0: its share of the cores)."""
     if workers < 1 or queue < 0:
         raise UserError(f"--workers must be at least 1 and --queue at least 0, got {workers} and {queue}")
     config = export_summary(programs)["config"]
-    try:
-        template = ChatTemplate(str(programs), default_template_kwargs={"enable_thinking": False})
-    except (ValueError, OSError) as e:
-        raise UserError(f"{programs} has no chat template to render chats with ({e}); `dflash serve` needs the "
-                        "target's own, which the package stage copies beside the programs when the target has one") \
-            from None
+    chat = chat_format(programs)
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     command = worker_command(programs, runner, threads, block_size, cost_curve)
-    return Pool(lambda: Worker(command, template, model_id, config["max_seq_len"]), workers, queue)
+    return Pool(lambda: Worker(command, chat, model_id, config["max_seq_len"]), workers, queue)
 
 
 def serve(pool: Pool, model_id: str, host: str, port: int) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from dflash_et.checkpoints.fetch import fetch
 from tests import REPO
-from tests.tiny_checkpoints import DFLASH2, SMALL_DRAFT_TRAINING, SMALL_TARGET, SMALL_TARGET_TRAINING
+from tests.tiny_checkpoints import (DFLASH2, SMALL_DRAFT_TRAINING, SMALL_TARGET, SMALL_TARGET_TRAINING, gemma_draft,
+                                    random_checkpoint, random_draft)
 from tests.tiny_programs import (MAX_SEQ_LEN, PREFILL_CHUNK, REDUCED_VOCAB, SUCCESSOR_SCALE, WINDOW, build_programs,
                                  built_once)
 
@@ -22,7 +23,7 @@ sys.path.append(str(REPO / ".venv" / "oracles"))
 # fixtures that train, lower programs or compile: a test that asks for one (or for one that does) is slow
 BUILDS = {"trained_pair", "programs", "shared_programs", "single_programs", "quantized_shared_programs",
           "mixed_programs", "reduced_vocab_programs", "windowed_programs", "trained_dflash2_programs", "runner",
-          "gemma_programs", "hybrid_programs", "small_pair"}  # the last three: test_gemma's, test_hybrid's, test_frugal's
+          "gemma_programs", "hybrid_programs", "small_pair"}  # the last: test_frugal's
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -184,6 +185,38 @@ def trained_dflash2_programs(programs, trained_pair, tmp_path_factory) -> Path:
                        ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK), out / "programs")
 
     return built_once(tmp_path_factory, "trained-dflash2", build) / "programs"
+
+
+@pytest.fixture(scope="session")
+def gemma_programs(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(programs, target, draft): fp32 XNNPACK programs of a random Gemma 4 pair (randomized norms and layer
+    scalars, window 4, so the ring-buffer sliding caches wrap) with the built-in Gemma 4 tokenizer and chat
+    format, as the pipeline builds them."""
+    from dflash_et.checkpoints import builtin
+    from dflash_et.checkpoints.families import gemma4
+
+    def build(root: Path) -> None:
+        target = random_checkpoint(root / "target", "gemma4_text", vocab_size=builtin.VOCAB_SIZE)
+        builtin.build_tokenizer(**gemma4.FAMILY.builtin.tokenizer).save_pretrained(target)
+        build_programs((target, gemma_draft(root / "draft", target)), root, stock_forward=False)
+
+    root = built_once(tmp_path_factory, "gemma-programs", build)
+    return root / "programs", root / "target", root / "draft"
+
+
+@pytest.fixture(scope="session")
+def hybrid_programs(tmp_path_factory) -> tuple[Path, tuple[Path, Path]]:
+    """(programs, (target, draft)): fp32 XNNPACK programs of a random hybrid (Qwen3.5) pair with the built-in
+    tokenizer, as the pipeline builds them."""
+    from dflash_et.checkpoints import builtin
+
+    def build(root: Path) -> None:
+        target = random_checkpoint(root / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
+        builtin.build_tokenizer().save_pretrained(target)
+        build_programs((target, random_draft(root / "draft", target, num_layers=2)), root, stock_forward=False)
+
+    root = built_once(tmp_path_factory, "hybrid-programs", build)
+    return root / "programs", (root / "target", root / "draft")
 
 
 @pytest.fixture(scope="session")

@@ -241,7 +241,7 @@ def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path
 
 def test_a_campaign_taps_only_the_sequences_its_cache_lacks(trained_pair, tmp_path, monkeypatch):
     """cached_taps: a first session taps every sequence and keeps them; the next, with two more, taps only those two
-    and returns what tapping all would; another key (target, layers, dtype) or a damaged file taps all again."""
+    and returns what tapping all would, and one with nothing new leaves the file alone; another key (target, layers, dtype) or a damaged file taps all again."""
     from dflash_et.training import data
 
     target_dir, layers = trained_pair[0], [1, 3]
@@ -268,6 +268,9 @@ def test_a_campaign_taps_only_the_sequences_its_cache_lacks(trained_pair, tmp_pa
     assert computed == [3, 2] and [s.tokens.tolist() for s in both] == [t for t, _ in seqs]
     for got, want in zip(both, whole):
         torch.testing.assert_close(got.taps, want.taps, rtol=1e-5, atol=1e-5)
+    written = cache.stat().st_mtime_ns
+    taps(seqs[1:])
+    assert computed == [3, 2] and cache.stat().st_mtime_ns == written  # nothing new: the file is left as it is
     taps(seqs, key="other target")
     cache.write_bytes(b"\x10\x00garbage")
     taps(seqs)

@@ -13,34 +13,14 @@ from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.check import check_pair
 from dflash_et.checkpoints.load import load_config, load_draft, load_target, model_args
 from dflash_et.errors import CheckpointError
-from tests.tiny_checkpoints import random_checkpoint, random_draft
-from tests.tiny_programs import build_programs, validate_config
+from tests.tiny_checkpoints import GEMMA_DRAFT_BLOCK as DRAFT_BLOCK, gemma_draft, random_checkpoint
+from tests.tiny_programs import validate_config
 from tests.test_model import TAPS, cache_calls, check_against_hf, draft_rounds, reference_draft
-
-DRAFT_BLOCK = 8
-
-
-def gemma_draft(path, target_dir, num_layers=3, **dflash):
-    """A draft in z-lab's Gemma 4 layout for `target_dir`, with random weights and norms."""
-    return random_draft(path, target_dir, num_layers, DRAFT_BLOCK, **dflash)
 
 
 @pytest.fixture(scope="module")
 def gemma_target(tmp_path_factory):
     return random_checkpoint(tmp_path_factory.mktemp("gemma") / "target", "gemma4_text")
-
-
-@pytest.fixture(scope="module")
-def gemma_programs(tmp_path_factory):
-    """fp32 XNNPACK programs of a random Gemma 4 pair (randomized norms and layer scalars, window 4, so the
-    ring-buffer sliding caches wrap), with a Gemma-style tokenizer, as the pipeline builds them."""
-    from dflash_et.checkpoints import builtin
-    from dflash_et.checkpoints.families import gemma4
-
-    root = tmp_path_factory.mktemp("gemma-programs")
-    target = random_checkpoint(root / "target", "gemma4_text", vocab_size=builtin.VOCAB_SIZE)
-    builtin.build_tokenizer(**gemma4.FAMILY.builtin.tokenizer).save_pretrained(target)
-    return build_programs((target, gemma_draft(root / "draft", target)), root, stock_forward=False), target, root / "draft"
 
 
 @pytest.mark.parametrize("ops, ring", [("llama", False), ("llama", True), ("mlx", False)])
@@ -132,6 +112,32 @@ def test_builtin_gemma_pair_and_the_embed_scale_setting(tmp_path):
         fetch("draft", str(gemma_draft(tmp_path / f"src-{scale}", tmp_path / "target")), out,
               target_dir=tmp_path / "target", embed_scale=scale)
         assert load_draft(out, target).args.embed_scale == pytest.approx(expected)
+
+
+def test_the_builtin_gemma_chat_format_is_gemma_4s():
+    """The built-in Gemma 4 target's chat template writes Gemma 4's turns, the empty thought channel that thinking
+    off opens, and calls that ExecuTorch's Gemma tool parser reads back as the call made (a string and a number)."""
+    from executorch.examples.llm_server.python.tool_parsers import GemmaToolCallDetector
+
+    from dflash_et.checkpoints import builtin
+    from dflash_et.checkpoints.families import gemma4
+
+    tok = builtin.build_tokenizer(**gemma4.FAMILY.builtin.tokenizer)
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                             "parameters": {"type": "object", "properties": {
+                                                 "city": {"type": "string"}, "days": {"type": "integer"}}}}}
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+    messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "sunny"}, {"role": "user", "content": "Thanks."}]
+    text = tok.apply_chat_template(messages, tools=[tool], tokenize=False, add_generation_prompt=True,
+                                   enable_thinking=False)
+    assert text.startswith("<bos><|turn>system\n<|tool>declaration:get_weather{") and \
+        text.endswith("<|turn>user\nThanks.<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"), text
+    written = text[text.index("<|tool_call>"):text.index("<tool_call|>") + len("<tool_call|>")]
+    parsed = GemmaToolCallDetector().detect_and_parse(written, {"get_weather": tool["function"]["parameters"]})
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("get_weather", {"city": "Paris", "days": 2})]
+    for marker in ("<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"):
+        assert len(tok.encode(marker, add_special_tokens=False)) == 1, marker
 
 
 def test_gemma_target_program_matches_transformers(gemma_programs):

@@ -21,7 +21,7 @@ from dflash_et.evaluate.validate import validate
 from dflash_et.runtime.generate import generate_ar, generate_dflash
 from dflash_et.runtime.programs import load_programs
 from tests.tiny_checkpoints import random_checkpoint, random_draft
-from tests.tiny_programs import assert_program_matches_eager, build_programs, validate_config
+from tests.tiny_programs import assert_program_matches_eager, validate_config
 from tests.test_model import check_against_hf
 
 TAPS = [0, 1, 3]  # a DeltaNet layer, a full-attention layer, and the last (after the final norm)
@@ -110,15 +110,6 @@ def test_builtin_hybrid_target_is_qwen3_5(tmp_path):
     check_against_hf(load_target(tmp_path, TAPS, max_seq_len=64), float64_oracle(tmp_path), TAPS,
                      forward_calls(builtin.VOCAB_SIZE), TOL)
 
-
-@pytest.fixture(scope="module")
-def hybrid_programs(tmp_path_factory):
-    """fp32 XNNPACK programs of a random hybrid pair with the built-in tokenizer, as the pipeline builds them."""
-    root = tmp_path_factory.mktemp("hybrid-programs")
-    target = random_checkpoint(root / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
-    builtin.build_tokenizer().save_pretrained(target)
-    pair = (target, random_draft(root / "draft", target, num_layers=2))
-    return build_programs(pair, root, stock_forward=False), pair
 
 
 def test_hybrid_programs_match_the_eager_model(hybrid_programs):

@@ -153,4 +153,12 @@ def chat_checkpoint(path: Path, family: str, **overrides) -> Path:
     return path
 
 
+GEMMA_DRAFT_BLOCK = 8  # gemma_draft's block
+
+
+def gemma_draft(path: Path, target_dir: Path, num_layers: int = 3, **dflash) -> Path:
+    """A draft in z-lab's Gemma 4 layout for `target_dir`, with random weights and norms."""
+    return random_draft(path, target_dir, num_layers, GEMMA_DRAFT_BLOCK, **dflash)
+
+
 DFLASH2 = dict(conv_kernel_size=4, conv_group_size=8, selector_rank=8, selector_top_k=6)  # the tests' DFlash2 drafts

@@ -109,7 +109,7 @@ def tapped(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], 
 def cached_taps(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], cache: Path, key: str,
                 taps_dtype: torch.dtype = torch.float32) -> list[Sequence]:
     """`tapped`, with the taps of the sequences `cache` already holds read from it rather than recomputed, and the
-    file written anew with all of them. `cache` is one safetensors file, each sequence's taps under its ids' hash,
+    file written anew with all of them when some were not. `cache` is one safetensors file, each sequence's taps under its ids' hash,
     valid for `key` (the target, its tap layers and the taps' dtype: another key, or a damaged file, is recomputed
     whole). A campaign's sessions keep adding replies, and tapping them all again took a third of a 90-minute CPU
     session (docs/measurements.md#a-draft-from-two-cpu-cores); the file stays in the working copy (gigabytes)."""
@@ -123,11 +123,12 @@ def cached_taps(model, layer_ids: list[int], sequences: list[tuple[list[int], in
     except (OSError, SafetensorError):
         pass
     missing = sorted({i for i, name in enumerate(names) if name not in known})
-    for i, fresh in zip(missing, tapped(model, layer_ids, [sequences[i] for i in missing], taps_dtype=taps_dtype)):
-        known[names[i]] = fresh.taps
-    tmp = cache.with_name(f".{cache.name}.tmp")
-    save_file({name: known[name].cpu().contiguous() for name in set(names)}, tmp, metadata={"key": key})
-    os.replace(tmp, cache)
+    if missing:  # else the file holds them all already (gigabytes: writing it again costs a minute)
+        for i, fresh in zip(missing, tapped(model, layer_ids, [sequences[i] for i in missing], taps_dtype=taps_dtype)):
+            known[names[i]] = fresh.taps
+        tmp = cache.with_name(f".{cache.name}.tmp")
+        save_file({name: known[name].cpu().contiguous() for name in set(names)}, tmp, metadata={"key": key})
+        os.replace(tmp, cache)
     return [Sequence(torch.tensor(tokens), known[name], prompt_len) for (tokens, prompt_len), name in zip(sequences, names)]
 
 

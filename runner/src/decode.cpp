@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
+
+#include <nlohmann/json.hpp>
 
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 
@@ -33,9 +36,20 @@ class AcceptNone : public Sampler {
   }
 };
 
+// Whether the caches can go back to any position they hold, as export.json says: no ring (a sliding layer's cache
+// under export.sliding_cache ring keeps its window and one call's rows) and no recurrent state (a hybrid's goes back
+// only within its last call). Without export.json, no.
+bool rewinds(const std::string& dir) {
+  std::ifstream in(dir + "/export.json");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json::json_pointer ring("/config/sliding_cache"),
+      recurrent("/programs/target/metadata/get_recurrent_state");
+  return !j.is_discarded() && j.contains(ring) && j[ring] == "full" && j.contains(recurrent) && j[recurrent] == false;
+}
+
 }  // namespace
 
-Pair::Pair(const std::string& dir) {
+Pair::Pair(const std::string& dir) : rewinds_(rewinds(dir)) {
   const std::string ptd = dir + "/shared.ptd";
   if (is_file(ptd)) weights_ = std::make_unique<SharedWeights>(ptd);
   target_ = std::make_unique<Pte>(dir + "/target.pte", meta::kTargetMethod, weights_.get());
@@ -148,7 +162,8 @@ int64_t Pair::reusable(const std::vector<int64_t>& prompt, bool draft, Generatio
   while (same < held.size() && same < prompt.size() && held[same] == prompt[same]) ++same;
   out.resume = held.empty() ? "new" : same == held.size() && same < prompt.size() ? "exact_prefix"
                                     : same == prompt.size() ? "equal" : "mismatch";
-  out.reused = draft && !resident_.draft ? 0 : std::min<int64_t>(same, prompt.size() - 1);
+  const bool back = same < held.size();  // the prompt leaves what the caches hold before its end
+  out.reused = (draft && !resident_.draft) || (back && !rewinds_) ? 0 : std::min<int64_t>(same, prompt.size() - 1);
   return out.reused;
 }
 

@@ -68,7 +68,8 @@ class Pair {
                     const OnTokens& on_tokens = nullptr);
 
   // From now on a generation starts from what the caches still hold of the last one: the prompt's longest prefix
-  // that the last generation's prompt and tokens share is not run again (the draft's context cache follows).
+  // that the last generation's prompt and tokens share is not run again (the draft's context cache follows); where
+  // the caches cannot go back (a ring, a recurrent state), only all of them, by a prompt that goes on past them.
   void keep_resident() { keep_resident_ = true; }
   // The caches hold nothing reusable (a session reset, or another conversation).
   void forget() { resident_ = {}; }
@@ -118,6 +119,7 @@ class Pair {
     bool draft = false;           // the draft's cache holds the taps of positions 0..unseen_start
   } resident_;
   bool keep_resident_ = false;
+  const bool rewinds_;  // the caches can go back to any position they hold (else a request resumes only past them)
 };
 
 }  // namespace dflash

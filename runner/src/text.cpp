@@ -171,14 +171,14 @@ std::vector<int64_t> Text::encode(const std::string& text) const {
   return {encoded.get().begin(), encoded.get().end()};
 }
 
-std::string Text::bytes(int64_t token) const {
-  if (token < 0 || special_.count(token)) return "";
+std::string Text::bytes(int64_t token, bool special) const {
+  if (token < 0 || (!special && special_.count(token))) return "";
   const auto piece = tokenizer_->decode(0, static_cast<uint64_t>(token));
   return piece.ok() ? piece.get() : "";
 }
 
 std::string TextStream::add(const std::vector<int64_t>& tokens) {
-  for (int64_t t : tokens) pending_ += text_.bytes(t);
+  for (int64_t t : tokens) pending_ += text_.bytes(t, special_);
   std::string out;
   pending_.erase(0, utf8(pending_, out, false));
   return out;

@@ -29,8 +29,9 @@ class Text {
   std::vector<int64_t> prompt(const std::string& message) const;
   // Text as `tok.encode(text, add_special_tokens=False)` encodes it: special tokens written in it are read as such.
   std::vector<int64_t> encode(const std::string& text) const;
-  // A token's bytes in the decoded text: none for a special token, or an id the tokenizer does not have.
-  std::string bytes(int64_t token) const;
+  // A token's bytes in the decoded text: none for an id the tokenizer does not have, nor for a special token unless
+  // `special` (then its own text, as `skip_special_tokens=False` decodes it).
+  std::string bytes(int64_t token, bool special = false) const;
 
  private:
   std::unique_ptr<tokenizers::HFTokenizer> tokenizer_;
@@ -41,15 +42,18 @@ class Text {
 };
 
 // The reply's text as it grows: `add` returns what can be printed now (whole characters), `finish` the rest,
-// so that everything printed is the tokens' decoded text (invalid UTF-8 as U+FFFD, as Python decodes it).
+// so that everything printed is the tokens' decoded text (invalid UTF-8 as U+FFFD, as Python decodes it). With
+// `special`, special tokens are written too: a server's content filters and tool parsers read the markers some
+// families write as special tokens (Gemma 4's `<|channel>`, `<|tool_call>`).
 class TextStream {
  public:
-  explicit TextStream(const Text& text) : text_(text) {}
+  explicit TextStream(const Text& text, bool special = false) : text_(text), special_(special) {}
   std::string add(const std::vector<int64_t>& tokens);
   std::string finish();
 
  private:
   const Text& text_;
+  const bool special_;
   std::string pending_;  // bytes of an unfinished character
 };
 

@@ -210,14 +210,14 @@ class Worker {
     const auto stops = field<std::vector<std::string>>(request, "stop", {});
 
     Sampler sampler(sampling);
-    TextStream stream(text_);
+    TextStream stream(text_, /*special=*/true);  // the server's filters and parsers read the family's markers
     std::string reply;
     bool stopped = false, cancelled = false;
     size_t kept = 0;  // tokens up to the one whose text completes a stop string: what completion_tokens counts
     const OnTokens on_tokens = [&](const std::vector<int64_t>& tokens) {
       std::string piece;  // one line per round, not per token; a token at a time to know where a stop string ends
       for (auto token = tokens.begin(); token != tokens.end() && !stopped; ++token, ++kept) {
-        const std::string more = stream.add({*token});
+        const std::string more = pair_.limits().eos_ids.count(*token) ? "" : stream.add({*token});
         piece += more;
         reply += more;
         for (const std::string& stop : stops) {

@@ -14,14 +14,42 @@ UNSUPPORTED = {"hidden_size_per_layer_input": "per-layer embeddings", "num_kv_sh
                "enable_moe_block": "mixture-of-experts blocks", "use_double_wide_mlp": "double-wide MLPs"}
 
 # Gemma 4 31B's layout in small: its special tokens where Gemma keeps them (`<mask>` is 4, the mask
-# token z-lab's Gemma 4 draft uses), its turn markers, five sliding layers then one full layer with K = V,
-# softcapped logits, tied embeddings. The window (32) is shorter than a prompt plus reply, so the
-# pipeline's programs run past it.
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+# token z-lab's Gemma 4 draft uses), five sliding layers then one full layer with K = V, softcapped logits, tied
+# embeddings. The window (32) is shorter than a prompt plus reply, so the pipeline's programs run past it.
+# Its chat format is Gemma 4's: `<bos>`, turns `<|turn>ROLE\n...<turn|>\n` (the assistant's role is `model`), a
+# generation prompt that with thinking off opens an empty thought channel (`<|channel>thought\n<channel|>`, which
+# earlier model turns drop), tools declared in the system turn (`<|tool>declaration:NAME{..}<tool|>`), calls as
+# `<|tool_call>call:NAME{key:<|"|>value<|"|>}<tool_call|>` and results as `<|tool_response>response:NAME{..}
+# <tool_response|>`: what ExecuTorch's Gemma server and its tool parser read.
+TURN, END_TURN, CHANNEL, END_CHANNEL, THINK = "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>"
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", TURN, END_TURN, CHANNEL, END_CHANNEL, THINK,
+                  "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>"]
 CHAT_TEMPLATE = (
-    "<bos>{% for message in messages %}<start_of_turn>"
-    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n{{ message['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    "{{- '<bos>' }}"
+    "{%- set system = messages[0].content if messages and messages[0].role == 'system' else none %}"
+    "{%- if system is not none or tools or enable_thinking is true %}{{- '<|turn>system\\n' }}"
+    "{%- if enable_thinking is true %}{{- '<|think|>' }}{%- endif %}{{- system or '' }}"
+    "{%- for tool in tools or [] %}{%- set tool = tool.function if tool.function is defined else tool %}"
+    "{{- '<|tool>declaration:' + tool.name + '{description:<|\"|>' + (tool.description or '') + '<|\"|>,parameters:' }}"
+    "{{- tool.parameters | tojson }}{{- '}<tool|>' }}{%- endfor %}{{- '<turn|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|tool_response>response:' + (message.name or 'result') + '{value:<|\"|>' + message.content + '<|\"|>}' }}"
+    "{{- '<tool_response|>' }}{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<turn|>\\n' }}{%- endif %}"
+    "{%- elif message.role != 'system' or not loop.first %}"
+    "{{- '<|turn>' + ('model' if message.role == 'assistant' else message.role) + '\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}{%- set call = call.function if call.function is defined else call %}"
+    "{{- '<|tool_call>call:' + call.name + '{' }}{%- if call.arguments is mapping %}"
+    "{%- for key, value in call.arguments.items() %}{{- key + ':' }}{%- if value is string %}"
+    "{{- '<|\"|>' + value + '<|\"|>' }}{%- else %}{{- value | tojson }}{%- endif %}{%- if not loop.last %},{%- endif %}"
+    "{%- endfor %}{%- else %}{{- call.arguments }}{%- endif %}{{- '}<tool_call|>' }}"
+    "{%- endfor %}"
+    "{%- if not (message.tool_calls and not loop.last and messages[loop.index0 + 1].role == 'tool') %}"
+    "{{- '<turn|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|turn>model\\n' }}"
+    "{%- if enable_thinking is not true %}{{- '<|channel>thought\\n<channel|>' }}{%- endif %}{%- endif %}"
 )
 SHAPE = dict(
     hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
@@ -74,7 +102,7 @@ def draft_layout(target: dict, num_layers: int) -> dict:
 def builtin_config(tokenizer: PreTrainedTokenizerFast, shape: dict) -> tuple[Gemma4TextConfig, list[int], int]:
     """EOS: the end of a turn, then `<eos>`; `<pad>` pads."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    eos = [ids["<end_of_turn>"], ids["<eos>"]]
+    eos = [ids[END_TURN], ids["<eos>"]]
     config = Gemma4TextConfig(tie_word_embeddings=True, pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"],
                               eos_token_id=eos, dtype="float32", **shape)
     return config, eos, ids["<pad>"]
@@ -85,6 +113,6 @@ FAMILY = Family(
     refuse_json=refuse_json, draft_layout=draft_layout,
     builtin=Builtin(source="builtin-gemma", shape=SHAPE, config=builtin_config, model=Gemma4ForCausalLM,
                     sampling=dict(temperature=1.0, top_p=0.95, top_k=64),
-                    tokenizer=dict(special_tokens=SPECIAL_TOKENS, eos="<end_of_turn>", pad="<pad>",
+                    tokenizer=dict(special_tokens=SPECIAL_TOKENS, eos=END_TURN, pad="<pad>",
                                    chat_template=CHAT_TEMPLATE)),
 )

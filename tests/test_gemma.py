@@ -127,7 +127,8 @@ def test_the_builtin_gemma_chat_format_is_gemma_4s():
                                              "parameters": {"type": "object", "properties": {
                                                  "city": {"type": "string"}, "days": {"type": "integer"}}}}}
     call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
-    messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "content": "sunny"}, {"role": "user", "content": "Thanks."}]
     text = tok.apply_chat_template(messages, tools=[tool], tokenize=False, add_generation_prompt=True,
                                    enable_thinking=False)

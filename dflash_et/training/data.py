@@ -109,10 +109,11 @@ def tapped(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], 
 def cached_taps(model, layer_ids: list[int], sequences: list[tuple[list[int], int]], cache: Path, key: str,
                 taps_dtype: torch.dtype = torch.float32) -> list[Sequence]:
     """`tapped`, with the taps of the sequences `cache` already holds read from it rather than recomputed, and the
-    file written anew with all of them when some were not. `cache` is one safetensors file, each sequence's taps under its ids' hash,
-    valid for `key` (the target, its tap layers and the taps' dtype: another key, or a damaged file, is recomputed
-    whole). A campaign's sessions keep adding replies, and tapping them all again took a third of a 90-minute CPU
-    session (docs/measurements.md#a-draft-from-two-cpu-cores); the file stays in the working copy (gigabytes)."""
+    file written anew with all of them when some were not. `cache` is one safetensors file, each sequence's taps
+    under its ids' hash, valid for `key` (the target, its tap layers and the taps' dtype: another key, or a damaged
+    file, is recomputed whole). A campaign's sessions keep adding replies, and tapping them all again took a third
+    of a 90-minute CPU session (docs/measurements.md#a-draft-from-two-cpu-cores); the file stays in the working copy
+    (gigabytes)."""
     names = [hashlib.sha256(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes()).hexdigest()[:32]
              for tokens, _ in sequences]
     known: dict[str, torch.Tensor] = {}

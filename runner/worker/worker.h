@@ -12,8 +12,8 @@
 // TEXT is the rendered chat (the server applies the template), tokenized as `tok.encode(text,
 // add_special_tokens=False)`; a reply's TEXT carries the special tokens it writes but the end of its turn (the
 // server's content filter, stop strings and tool parser see a family's markers: Gemma 4's channels and calls,
-// which it writes as special tokens). Cancellation: 8-byte little-endian request ids written to the descriptor named by
-// EXECUTORCH_LLM_WORKER_CONTROL_FD, read between decoding steps.
+// which it writes as special tokens). Cancellation: 8-byte little-endian request ids written to the descriptor
+// named by EXECUTORCH_LLM_WORKER_CONTROL_FD, read between decoding steps.
 //
 // The caches are the conversation's: a request whose prompt starts with what the last generation left in them
 // (its prompt and its reply) runs only the rest (Pair::keep_resident), whichever session sent it. The worker keeps

@@ -161,6 +161,37 @@ def test_a_resumed_run_steps_exactly_as_an_uninterrupted_one(setup, pair, tmp_pa
         assert resumed[key].equal(uninterrupted[key]), key
 
 
+def test_a_campaign_keeps_the_weights_of_its_best_block_tau(setup, pair, tmp_path):
+    """Checkpoints each step (save_minutes 0) measuring block tau 1.1, 1.5, 1.2: the kept `best.<name>` weights are
+    step 2's, through a save and a resume whose lower taus leave them; a higher one replaces them."""
+    target, _, mask_id, seqs, config = setup
+    config = replace(config, save_minutes=0)
+    draft = new_draft(pair[0], target, config)[1]
+    snapshots = []
+
+    def run(taus, progress, resume=None):
+        told = iter(taus)
+        loop = Loop(measure=lambda: next(told), resume=resume,
+                    save=lambda t: snapshots.append({k: v.clone() for k, v in t.items()}))
+        return fit(draft, seqs, config, 12, mask_id, StepClock(len(taus)), 0.0, progress, loop)
+
+    progress = state.Progress()
+    tensors = run([1.1, 1.5, 1.2], progress)
+    assert progress.best == {"step": 2, "block_tau": 1.5} and progress.step == 3
+    best = state.best_of(tensors)
+    assert best and all(best[f"best.{k[6:]}"].equal(v) for k, v in snapshots[1].items() if k.startswith("draft."))
+    assert not all(best[f"best.{k[6:]}"].equal(v) for k, v in snapshots[2].items() if k.startswith("draft."))
+    state.save(tmp_path / "state", config, "fp", state.Saved([([1, 2, 3], 1)], [], progress, tensors))
+    back = state.load(tmp_path / "state", config, "fp")
+    again = run([1.3, 1.5], back.progress, resume=back.tensors)
+    assert back.progress.best == {"step": 2, "block_tau": 1.5} and back.progress.step == 5
+    assert all(again[k].equal(v) for k, v in best.items())
+    later = run([1.6], back.progress, resume=again)
+    assert back.progress.best == {"step": 6, "block_tau": 1.6}
+    state.ship_best(later, draft)
+    assert all(p.equal(later[f"best.{n}"]) for n, p in draft.named_parameters() if p.requires_grad)
+
+
 def test_a_damaged_or_foreign_state_is_one_line_and_nothing_is_written(tmp_path):
     config = TrainConfig()
     good = tmp_path / "good"
@@ -227,6 +258,8 @@ def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path
     assert 0 < grown <= 4 and sequences() == had + grown == card["train_sequences"]
     assert card["steps"] == 10 and [s["from_step"] for s in card["sessions"]] == [0, 6]
     assert card["head_vocab"] == 64 and card["curve"][0]["step"] == 0 and card["curve"][-1]["step"] == 10
+    best = max(card["curve"][1:], key=lambda p: p["block_tau"])  # the first of the best measured after training
+    assert (card["draft_step"], card["heldout_block_tau"]) == (best["step"], best["block_tau"])
     third = train(12, card["data"]["prompts"]["synthetic"], tmp_path / "draft", asked=8)
     assert third.returncode == 0, third.stderr[-2000:]
     card = json.loads((tmp_path / "draft" / "train_draft.json").read_text())

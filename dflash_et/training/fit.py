@@ -19,7 +19,7 @@ from dflash_et.models.draft import Draft
 from dflash_et.training.blocks import draft_loss, pack, sample_anchors
 from dflash_et.training.config import TrainConfig
 from dflash_et.training.data import Sequence
-from dflash_et.training.state import Progress, restore, trainer_tensors
+from dflash_et.training.state import Progress, best_of, keep_best, restore, trainer_tensors
 
 LOG_EVERY = 50  # steps between reading the losses back from the device (each read waits for the device)
 CALIBRATE = 5   # and after this step, for a first rate of steps against the clock
@@ -71,8 +71,9 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
     """AdamW steps of the draft on batches drawn from `data`, from `progress.step` to `steps` or until the clock
     leaves `reserve` seconds (a final evaluation's), extending `progress` (losses, rows, curve: block tau at
     `config.curve_points` evenly spread steps and, in a campaign, at each save). Losses are read back every
-    LOG_EVERY steps, when rank 0 logs them and the learning rates to `loop.live`. Returns what a campaign saves
-    of the trainer at the end (state.trainer_tensors)."""
+    LOG_EVERY steps, when rank 0 logs them and the learning rates to `loop.live`. A campaign's checkpoints keep the
+    weights of the best block tau (state.keep_best). Returns what a campaign saves of the trainer at the end
+    (state.trainer_tensors, and the best weights kept)."""
     device = next(trainee.parameters()).device
     model = draft_loss(trainee)
     if loop.distributed:  # every rank steps with the mean gradient; the caches are not model state
@@ -82,6 +83,7 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
     gen = sampler(config, loop.rank)
     if loop.resume is not None:
         restore(loop.resume, trainee, opt, gen)
+    best = best_of(loop.resume or {})
     campaign, horizon, first, before = loop.save is not None, steps, progress.step, len(progress.curve)
     pending, rates, trained_s, saved_at = [], [], 0.0, time.perf_counter()
     bar = tqdm(total=steps, initial=first, desc="[train_draft] training", unit="step", disable=loop.rank != 0)
@@ -116,7 +118,9 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
                                    "block_tau": loop.measure() if loop.measure else None})
             since = clock.add("evaluation", since)
         if checkpoint:
-            loop.save(trainer_tensors(trainee, opt, gen))
+            if loop.measure:
+                best = keep_best(progress, progress.curve[-1]["block_tau"], trainee, best)
+            loop.save(trainer_tensors(trainee, opt, gen) | best)
             since, saved_at = clock.add("saving", since), time.perf_counter()
         if clock.deadline is not None and not campaign:  # the steps the clock leaves at this rate
             left = int((clock.left() - reserve) / (trained_s / (step - first)))
@@ -126,7 +130,7 @@ def fit(trainee: Draft, data: list[Sequence], config: TrainConfig, steps: int, m
     clock.add("training", since)
     _logged(pending, rates, progress, loop.live)
     progress.step = step
-    return trainer_tensors(trainee, opt, gen)
+    return trainer_tensors(trainee, opt, gen) | best
 
 
 def sampler(config: TrainConfig, rank: int = 0) -> torch.Generator:

@@ -6,7 +6,8 @@ last complete state):
 - `replies.npz`: the token ids of every training sequence and held-out reply (prompt + the target's greedy reply),
   compressed. The taps are not kept (gigabytes): a resumed run recomputes them from the ids in one prefill each.
 - `state.safetensors`: the draft's own weights, AdamW's moments (fp32, so that a resumed run steps exactly as an
-  uninterrupted one) and the batch sampler's generator.
+  uninterrupted one), the batch sampler's generator, and the weights of the best held-out block tau measured so far
+  (`best.<name>`: a campaign that trains past what its data carry ships its best draft, not its last).
 - `state.json`: the step, block rows, losses, curve, each session's host, dtype and rates, the prompts' counts, the
   target's fingerprint and the settings that shape the run (`FIXED`).
 """
@@ -45,6 +46,7 @@ class Progress:
     counts: dict = field(default_factory=dict)
     tau_untrained: float | None = None
     eval_seconds: float = 0.0     # the last full held-out decode's: what a session keeps for its final one
+    best: dict | None = None      # {step, block_tau} of the weights kept as `best.<name>` (keep_best)
 
 
 @dataclass
@@ -127,6 +129,30 @@ def restore(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module, opt: tor
                        if f"{key}.{name}" in tensors}
             if moments:
                 opt.state[p] = moments
+
+
+def keep_best(progress: Progress, block_tau: float, trainee: torch.nn.Module, best: dict[str, torch.Tensor]
+              ) -> dict[str, torch.Tensor]:
+    """The weights a campaign ships: `best` (the `best.<name>` copies of the best block tau so far), or a copy of
+    the trainee's own weights where `block_tau`, measured at `progress.step`, beats it (a tie keeps the earlier)."""
+    if progress.best is not None and block_tau <= progress.best["block_tau"]:
+        return best
+    progress.best = {"step": progress.step, "block_tau": block_tau}
+    return {f"best.{name}": p.detach().float().cpu().clone() for name, p in trainee.named_parameters()
+            if p.requires_grad}
+
+
+def best_of(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The `best.<name>` entries of a campaign's tensors."""
+    return {k: v for k, v in tensors.items() if k.startswith("best.")}
+
+
+def ship_best(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module) -> None:
+    """Put the kept best weights into the trainee (the draft a session writes)."""
+    with torch.no_grad():
+        for name, p in trainee.named_parameters():
+            if p.requires_grad:
+                p.copy_(tensors[f"best.{name}"])
 
 
 def taps_file(state_dir: Path) -> Path:

@@ -180,8 +180,8 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print,
 def _card(config: TrainConfig, target_dir: Path, data: list[Sequence], mask_id: int, progress: state.Progress,
           heldout: int, head: int | None, campaign: bool) -> dict:
     """The draft's card (train_draft.json): what it was trained on, and held-out tau before, during and after; a
-    campaign's also each session's host, dtype and rates."""
-    end = progress.curve[-1]
+    campaign's also each session's host, dtype and rates, and the step of the draft it wrote (its best)."""
+    end = progress.best if campaign else progress.curve[-1]  # a campaign writes its best draft
     card = {"steps": progress.step, "final_loss": progress.losses[-1] if progress.losses else None,
             "heldout_tau_untrained": progress.tau_untrained, "heldout_tau": end["heldout_tau"],
             "heldout_block_tau": end["block_tau"], "target_checkpoint_id": checkpoint_id(target_dir),
@@ -189,7 +189,7 @@ def _card(config: TrainConfig, target_dir: Path, data: list[Sequence], mask_id: 
             "data": {"prompts": progress.counts, "sequences": len(data),
                      "reply_tokens": sum(len(s.tokens) - s.prompt_len for s in data), "heldout_prompts": heldout},
             "curve": progress.curve, "config": asdict(config)}
-    return card | ({"sessions": progress.sessions} if campaign else {})
+    return card | ({"draft_step": end["step"], "sessions": progress.sessions} if campaign else {})
 
 
 def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.device, rank: int, distributed: bool,
@@ -318,7 +318,9 @@ def _fit_session(run: Run, saved: state.Saved, state_dir: Path | None, target_id
     tensors = fit(run.trainee, run.data, config, steps, run.mask_id, run.clock, progress.eval_seconds, progress, loop)
     progress.curve.append(run.point())
     if state_dir is not None:
+        tensors |= state.keep_best(progress, progress.curve[-1]["block_tau"], run.trainee, state.best_of(tensors))
         save(tensors)
+        _ship_best(run, tensors, log)
     log(f"[train_draft] held-out tau {progress.tau_untrained:.2f} -> {progress.curve[-1]['heldout_tau']:.2f} after "
         f"{progress.step} steps ({(progress.rows - first_rows) / run.clock.seconds['training']:.0f} block rows/s; "
         f"{time.perf_counter() - run.clock.start:.0f} s)")
@@ -330,6 +332,21 @@ def _fit_session(run: Run, saved: state.Saved, state_dir: Path | None, target_id
             live.summary[key] = value
         live.end()
     return progress, first_rows
+
+
+def _ship_best(run: Run, tensors: dict[str, torch.Tensor], log) -> None:
+    """A campaign writes the draft of its best held-out block tau (the state keeps training from the last weights):
+    past what its replies carry, further steps learn them by heart and lose held-out tau. The best's held-out tau
+    (the reference decoding) goes into `progress.best`."""
+    best = run.progress.best
+    if best["step"] == run.progress.step:
+        best["heldout_tau"] = run.progress.curve[-1]["heldout_tau"]
+        return
+    state.ship_best(tensors, run.trainee)
+    best["heldout_tau"] = run.heldout_tau()
+    log(f"[train_draft] writing the draft of step {best['step']} (held-out block tau {best['block_tau']:.3f}, tau "
+        f"{best['heldout_tau']:.2f}): the best measured; step {run.progress.step}'s is "
+        f"{run.progress.curve[-1]['block_tau']:.3f}")
 
 
 def _live(live_dir: Path):

@@ -5,6 +5,7 @@ import json
 import math
 import random
 import shutil
+import time
 from collections import Counter
 from dataclasses import replace
 import subprocess
@@ -206,11 +207,27 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
             cpp.dflash((prompts[0] * 10)[:MAX_SEQ_LEN + 2], 8)
         with pytest.raises(UserError, match=f"block size 40 is outside 2..{python.max_block_size}"):
             cpp.dflash(prompts[0], 8, 40)
-        with pytest.raises(UserError, match="bad request 'dflash x'; send 'ar MAX_NEW IDS'"):
-            cpp._request("dflash x", None)
-        with pytest.raises(UserError, match="unknown sampling setting warmth"):
-            cpp._request("ar 4 1,2 warmth=2", None)
+        with pytest.raises(UserError, match="prompt_segments must be a non-empty list"):
+            cpp._request({"prompt_segments": [], "max_new_tokens": 4}, None)
+        with pytest.raises(UserError, match="this worker reads ids"):
+            cpp._request({"prompt": "Hello", "max_new_tokens": 4}, None)
+        with pytest.raises(UserError, match="mode must be ar, dflash or lookup, got 'beam'"):
+            cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "mode": "beam"}, None)
+        with pytest.raises(UserError, match="temperature must be 0 .greedy. or a positive number, got -1"):
+            cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "temperature": -1}, None)
         assert cpp.ar(prompts[0], 4).tokens == python.ar(prompts[0], 4).tokens  # still serving after bad requests
+
+
+def test_the_cpp_runner_streams_each_round_as_it_is_accepted(programs, runner, prompts):
+    """CppEngine speaks the worker protocol (--worker --ids): each round's tokens reach `on_tokens` as the runner
+    accepts them, in order and together the generation's tokens, the first while the rest are still decoding."""
+    with CppEngine(programs, runner, threads=1) as cpp:
+        for decode in (cpp.ar, cpp.dflash):
+            chunks = []
+            g = decode(prompts[1], 32, on_tokens=lambda new: chunks.append((time.perf_counter(), list(new))))
+            assert [t for _, chunk in chunks for t in chunk] == g.tokens
+            assert len(chunks) >= len(g.rounds) > 4
+            assert chunks[-1][0] - chunks[0][0] >= 0.5 * sum(r.total_s for r in g.rounds[1:])
 
 
 def test_cli_runner_cpp(programs, runner, capsys):

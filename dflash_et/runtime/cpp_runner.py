@@ -1,8 +1,9 @@
 """The C++ runner (`runner/`, `dflash_runner`) behind the engine's interface: the same decoding loop,
 with no Python between the program calls.
 
-`CppEngine` keeps one `dflash_runner --serve` process per programs directory, so that the programs load once
-and their caches stay warm across generations, as in the Python engine. The runner decodes at fixed blocks or
+`CppEngine` keeps one `dflash_runner --worker --ids` process per programs directory (the worker protocol `dflash
+serve` speaks, with ids in and out: runner/worker/worker.h), so that the programs load once, as in the Python engine,
+and each round's tokens stream back as the runner accepts them. The runner decodes at fixed blocks or
 `auto` (runner/host/planner.cpp, the one planner both runners call, with its cost curve from the bench's file or
 measured by the runner), greedy or sampled by the same algorithm, with a DFlash draft or a DFlash2 one; its seeded
 generator is its own, so a seed gives other tokens than in the Python engine. `make runner` builds it (runner/toolchain.py).
@@ -53,14 +54,11 @@ class CppEngine:
             raise UserError(f"the C++ runner is not built ({binary} is missing); run `make runner`")
         self._log = tempfile.TemporaryFile("w+")  # the runtime's log lines; read when something fails
         curve = ["--cost-curve", str(cost_curve)] if cost_curve else []
-        self._process = subprocess.Popen([str(binary), "--programs", str(programs_dir), "--serve",
+        self._process = subprocess.Popen([str(binary), "--programs", str(programs_dir), "--worker", "--ids",
                                           "--threads", str(threads), *curve], text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
-        ready = self._process.stdout.readline()
-        if not ready:
-            raise ProgramError(self._failure())
-        self.meta = json.loads(ready)  # limits, and the recommended sampling when target.pte carries it
-        self.max_context_len, self.max_block_size = self.meta["max_context_len"], self.meta["max_block_len"]
+        self.meta = self._next()  # limits, and the recommended sampling when target.pte carries it
+        self.max_context_len, self.max_block_size = self.meta["max_context_len"], self.meta["max_block"]
         self.load_rss_kb = self.meta["peak_rss_kb"]  # peak resident memory once both programs are loaded
         self.programs_dir = programs_dir
 
@@ -71,21 +69,26 @@ class CppEngine:
         errors = [line for line in self._log.read().splitlines() if line.startswith("error: ")]
         return errors[-1].removeprefix("error: ") if errors else f"dflash_runner exited with status {self._process.returncode}"
 
-    def _reply(self, line: str) -> dict:
-        self._process.stdin.write(line + "\n")
-        self._process.stdin.flush()
-        reply = self._process.stdout.readline()
-        if not reply:
+    def _next(self) -> dict:
+        """The worker's next line; its error as ProgramError (a program call failed) or UserError (the request)."""
+        line = self._process.stdout.readline()
+        if not line:
             raise ProgramError(self._failure())
-        out = json.loads(reply)
+        out = json.loads(line)
         if "error" in out:
-            raise UserError(out["error"])
+            raise (ProgramError if out.get("code") == "generation_failed" else UserError)(out["error"])
         return out
 
-    def _request(self, line: str, on_tokens: OnTokens) -> Generation:
-        out = self._reply(line)
+    def _send(self, request: dict) -> None:
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+
+    def _request(self, request: dict, on_tokens: OnTokens) -> Generation:
+        """One generation: each round's tokens to `on_tokens` as they come, then its record."""
+        self._send(request)
+        while "done" not in (out := self._next()):
+            on_tokens and on_tokens(out["ids"])
         self.peak_rss_kb = out["peak_rss_kb"]
-        on_tokens and on_tokens(out["tokens"])  # all at once: the runner replies when the generation is done
         return Generation(out["tokens"], out["prefill_s"], [Round(**r) for r in out["rounds"]])
 
     def check_block_size(self, block_size: BlockSize) -> BlockSize:
@@ -94,25 +97,25 @@ class CppEngine:
 
     def cost_curve(self, repeats: int = 5) -> CostCurve:
         """auto's cost curve in the runner: the one it was given, or measured there now (once)."""
-        return CostCurve(**self._reply(f"cost_curve {repeats}"))
+        self._send({"op": "cost_curve", "repeats": repeats})
+        return CostCurve(**self._next()["cost_curve"])
 
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
         return recommended(self.meta, self.programs_dir / "target.pte", **overrides)
 
     @staticmethod
-    def _settings(sampler: Sampler | None) -> str:
-        """A request's sampling settings (none: greedy)."""
+    def _generate(mode: str, prompt: list[int], max_new_tokens: int, sampler: Sampler | None, **more) -> dict:
+        """A worker request (greedy without a sampler; the seed taken as given: --ids)."""
         s = sampler.sampling if sampler else Sampling()
-        if s.greedy:
-            return ""
-        return (f" temperature={s.temperature!r} top_p={s.top_p!r} top_k={s.top_k or 0} proposals={s.proposals} "
-                f"seed={s.seed}")
+        sampling = {} if s.greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or 0,
+                                        "proposals": s.proposals, "seed": s.seed}
+        return {"prompt_segments": [{"ids": prompt}], "max_new_tokens": max_new_tokens, "mode": mode} | sampling | more
 
     def ar(self, prompt: list[int], max_new_tokens: int, on_tokens: OnTokens = None,
            sampler: Sampler | None = None) -> Generation:
         """Plain decoding with target.pte alone (greedy unless a sampler says otherwise)."""
-        return self._request(f"ar {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}", on_tokens)
+        return self._request(self._generate("ar", prompt, max_new_tokens, sampler), on_tokens)
 
     def dflash(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
@@ -128,8 +131,7 @@ class CppEngine:
     def _decode(self, mode: str, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None,
                 on_tokens: OnTokens, sampler: Sampler | None) -> Generation:
         block = block_size or self.max_block_size
-        return self._request(f"{mode} {block} {max_new_tokens} {','.join(map(str, prompt))}{self._settings(sampler)}",
-                             on_tokens)
+        return self._request(self._generate(mode, prompt, max_new_tokens, sampler, block_size=block), on_tokens)
 
     def close(self) -> None:
         self._process.stdin.close()

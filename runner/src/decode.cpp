@@ -322,4 +322,14 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
   return out;
 }
 
+Generation generate(Pair& pair, const std::string& mode, int64_t block, int64_t max_new_tokens,
+                    const std::vector<int64_t>& prompt, Sampler& sampler, const OnTokens& on_tokens) {
+  if (mode == "ar") return pair.ar(prompt, max_new_tokens, sampler, on_tokens);
+  if (mode != "dflash" && mode != "lookup") throw UserError("mode must be ar, dflash or lookup, got '" + mode + "'");
+  if (block == kAuto && mode == "lookup") throw UserError("lookup proposals take a fixed block size, not auto");
+  block = block ? block : pair.limits().max_block;
+  if (mode == "lookup") return pair.lookup(prompt, max_new_tokens, block, sampler, on_tokens);
+  return pair.dflash(prompt, max_new_tokens, block, sampler, on_tokens);
+}
+
 }  // namespace dflash

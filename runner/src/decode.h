@@ -122,4 +122,9 @@ class Pair {
   const bool rewinds_;  // the caches can go back to any position they hold (else a request resumes only past them)
 };
 
+// One generation by the mode's name, as the runner's flags and the worker's requests give it: "ar", "dflash" (block
+// 0: the largest the draft takes; kAuto: auto) or "lookup" (a fixed block).
+Generation generate(Pair& pair, const std::string& mode, int64_t block, int64_t max_new_tokens,
+                    const std::vector<int64_t>& prompt, Sampler& sampler, const OnTokens& on_tokens = nullptr);
+
 }  // namespace dflash

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <list>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "settings.h"
 
 namespace dflash {
 namespace {
@@ -71,15 +74,19 @@ class Control {
 
 class Worker {
  public:
-  Worker(Pair& pair, const Text& text, bool ar, int64_t block) : pair_(pair), text_(text), ar_(ar), block_(block) {
-    pair_.keep_resident();
+  Worker(Pair& pair, const Text* text, bool ar, int64_t block) : pair_(pair), text_(text), ar_(ar), block_(block) {
+    if (text_) pair_.keep_resident();
   }
 
   void serve() {
     const Limits& l = pair_.limits();
-    if (!ar_ && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
-    send({{"ready", true}, {"max_named_sessions", kMaxSessions}, {"supports_cancel", control_.supported()},
-          {"max_context_len", l.max_context_len}, {"max_block", l.max_block}});
+    if (text_ && !ar_ && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
+    json ready = {{"ready", true}, {"max_named_sessions", kMaxSessions}, {"supports_cancel", control_.supported()},
+                  {"max_context_len", l.max_context_len}, {"max_block", l.max_block}, {"peak_rss_kb", peak_rss_kb()}};
+    if (const auto s = pair_.recommended()) {
+      ready.update({{"temperature", s->temperature}, {"top_p", s->top_p}, {"top_k", s->top_k}});
+    }
+    send(ready);
     for (std::string line; std::getline(std::cin, line);) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
@@ -124,6 +131,10 @@ class Worker {
 
   void op(const json& request) {
     const std::string op = field<std::string>(request, "op", ""), id = field<std::string>(request, "session_id", "");
+    if (op == "cost_curve") {
+      send({{"cost_curve", json::parse(pair_.cost_curve(field<int64_t>(request, "repeats", 5)).to_json())}});
+      return;
+    }
     if (id.empty()) throw RequestError("'" + op + "' needs a session_id", "invalid_request");
     if (op == "open") {
       admit(id);
@@ -133,7 +144,7 @@ class Worker {
       if (holder_ == id) pair_.forget();
       send({{op == "close" ? "closed" : "reset", true}, {"session_id", id}});
     } else {
-      throw RequestError("unknown op '" + op + "'; send open, close or reset", "invalid_request");
+      throw RequestError("unknown op '" + op + "'; send open, close, reset or cost_curve", "invalid_request");
     }
   }
 
@@ -167,7 +178,7 @@ class Worker {
       for (const json& segment : segments) {
         std::vector<int64_t> more;
         if (segment.is_object() && segment.contains("text") && segment["text"].is_string()) {
-          more = text_.encode(segment["text"].get<std::string>());
+          more = tokenizer().encode(segment["text"].get<std::string>());
         } else if (segment.is_object() && segment.contains("ids") && segment["ids"].is_array()) {
           more = field<std::vector<int64_t>>(segment, "ids", {});
         } else {
@@ -181,7 +192,34 @@ class Worker {
     if (!request.contains("prompt") || !request["prompt"].is_string()) {
       throw RequestError("a generate request needs a prompt (text) or prompt_segments", "invalid_request");
     }
-    return text_.encode(request["prompt"].get<std::string>());
+    return tokenizer().encode(request["prompt"].get<std::string>());
+  }
+
+  const Text& tokenizer() const {
+    if (!text_) {
+      throw RequestError("this worker reads ids (--ids); send prompt_segments [{\"ids\": [...]}]", "invalid_request");
+    }
+    return *text_;
+  }
+
+  // The request's decoding: its mode and block (the worker's own unless it names them) and sampling settings,
+  // checked as the runner's flags are.
+  std::pair<std::string, int64_t> decoding(const json& request, Sampling& sampling) const {
+    for (const char* name : {"temperature", "top_p", "top_k", "proposals"}) {
+      if (request.contains(name) && !request[name].is_null()) {
+        set(sampling, name, request[name].is_string() ? request[name].get<std::string>() : request[name].dump());
+      }
+    }
+    sampling.seed = field<uint64_t>(request, "seed", 0);
+    if (sampling.seed == 0 && (text_ || !request.contains("seed"))) {
+      sampling.seed = std::random_device{}();  // the server's 0: no seed, a new draw each request
+    }
+    int64_t block = block_;
+    if (request.contains("block_size") && !request["block_size"].is_null()) {
+      const json& given = request["block_size"];
+      block = given.is_string() ? block_size(given.get<std::string>()) : field<int64_t>(request, "block_size", 0);
+    }
+    return {field<std::string>(request, "mode", ar_ ? "ar" : "dflash"), block};
   }
 
   void generate(const json& request) {
@@ -194,30 +232,35 @@ class Worker {
     const auto prompt_tokens = static_cast<int64_t>(ids.size());
     const int64_t context = pair_.limits().max_context_len;
     if (prompt_tokens == 0) throw RequestError("the prompt is empty", "invalid_request");
-    if (prompt_tokens >= context) {
+    if (text_ && prompt_tokens >= context) {  // --ids: the decoding loop's own checks, as the Python engine's
       throw RequestError("the prompt has " + std::to_string(prompt_tokens) + " tokens but the context holds " +
                          std::to_string(context) + "; shorten it (the programs were exported with export.max_seq_len " +
                          std::to_string(context) + ")", "context_length_exceeded");
     }
     const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
-    const int64_t max_new = std::min(asked > 0 ? asked : context, context - prompt_tokens);
+    const int64_t max_new = text_ ? std::min(asked > 0 ? asked : context, context - prompt_tokens) : asked;
     Sampling sampling;
-    sampling.temperature = field<double>(request, "temperature", 0.0);
-    sampling.top_p = field<double>(request, "top_p", 1.0);
-    sampling.top_k = field<int64_t>(request, "top_k", 0);
-    sampling.seed = field<uint64_t>(request, "seed", 0);
-    if (sampling.seed == 0) sampling.seed = std::random_device{}();  // no seed: a new draw each request
+    const auto [mode, block] = decoding(request, sampling);
     const auto stops = field<std::vector<std::string>>(request, "stop", {});
+    if (!text_ && !stops.empty()) {
+      throw RequestError("stop strings need text; this worker reads ids (--ids)", "invalid_request");
+    }
 
     Sampler sampler(sampling);
-    TextStream stream(text_, /*special=*/true);  // the server's filters and parsers read the family's markers
+    std::optional<TextStream> stream;  // the server's filters and parsers read the family's markers
+    if (text_) stream.emplace(*text_, /*special=*/true);
     std::string reply;
     bool stopped = false, cancelled = false;
     size_t kept = 0;  // tokens up to the one whose text completes a stop string: what completion_tokens counts
     const OnTokens on_tokens = [&](const std::vector<int64_t>& tokens) {
+      if (!text_) {
+        send({{"ids", tokens}});
+        kept += tokens.size();
+        return !(cancelled = control_.cancelled(cancel_id));
+      }
       std::string piece;  // one line per round, not per token; a token at a time to know where a stop string ends
       for (auto token = tokens.begin(); token != tokens.end() && !stopped; ++token, ++kept) {
-        const std::string more = pair_.limits().eos_ids.count(*token) ? "" : stream.add({*token});
+        const std::string more = pair_.limits().eos_ids.count(*token) ? "" : stream->add({*token});
         piece += more;
         reply += more;
         for (const std::string& stop : stops) {
@@ -229,10 +272,11 @@ class Worker {
       cancelled = control_.cancelled(cancel_id);
       return !stopped && !cancelled;
     };
-    const Generation g = ar_ ? pair_.ar(ids, max_new, sampler, on_tokens)
-                             : pair_.dflash(ids, max_new, block_, sampler, on_tokens);
+    const Generation g = dflash::generate(pair_, mode, block, max_new, ids, sampler, on_tokens);
     holder_ = session;
-    if (const std::string rest = stream.finish(); !rest.empty() && !stopped && !cancelled) send({{"token", rest}});
+    if (const std::string rest = stream ? stream->finish() : ""; !rest.empty() && !stopped && !cancelled) {
+      send({{"token", rest}});
+    }
 
     std::vector<int64_t> generated(g.tokens.begin(), g.tokens.begin() + std::min(kept, g.tokens.size()));
     const bool eos = !generated.empty() && pair_.limits().eos_ids.count(generated.back());
@@ -247,7 +291,7 @@ class Worker {
     const auto made = static_cast<int64_t>(generated.size());
     const double tau = drafting ? static_cast<double>(accepted + drafting) / drafting : 0.0;
     const double decode_tok_s = decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0;
-    send({{"done", true},
+    json done = {{"done", true},
           {"prompt_tokens", prompt_tokens},
           {"completion_tokens", made},
           {"finish_reason", eos || stopped || cancelled ? "stop" : "length"},  // or it ran to max_new
@@ -263,7 +307,9 @@ class Worker {
           {"generated_token_ids", stopped || cancelled ? std::vector<int64_t>{} : generated},
           {"cancelled", cancelled},
           {"dflash", {{"rounds", g.rounds.size()}, {"drafted", drafted}, {"verified", verified},
-                      {"accepted", accepted}, {"tau", tau}}}});
+                      {"accepted", accepted}, {"tau", tau}}}};
+    if (!text_) done.update(record(g));
+    send(done);
     std::fprintf(stderr,
                  "dflash_worker: session=%s prompt=%lld reused=%lld (%s) tokens=%lld rounds=%zu tau=%.2f "
                  "prefill_ms=%.1f decode_tok_s=%.1f%s\n",
@@ -274,7 +320,7 @@ class Worker {
   }
 
   Pair& pair_;
-  const Text& text_;
+  const Text* text_;  // null: --ids
   const bool ar_;
   const int64_t block_;
   Control control_;
@@ -285,6 +331,6 @@ class Worker {
 
 }  // namespace
 
-void run_worker(Pair& pair, const Text& text, bool ar, int64_t block) { Worker(pair, text, ar, block).serve(); }
+void run_worker(Pair& pair, const Text* text, bool ar, int64_t block) { Worker(pair, text, ar, block).serve(); }
 
 }  // namespace dflash

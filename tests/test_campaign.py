@@ -188,7 +188,7 @@ def test_a_campaign_keeps_the_weights_of_its_best_block_tau(setup, pair, tmp_pat
     assert all(again[k].equal(v) for k, v in best.items())
     later = run([1.6], back.progress, resume=again)
     assert back.progress.best == {"step": 6, "block_tau": 1.6}
-    state.ship_best(later, draft)
+    state.copy_into(draft, later, "best.")
     assert all(p.equal(later[f"best.{n}"]) for n, p in draft.named_parameters() if p.requires_grad)
 
 

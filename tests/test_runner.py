@@ -215,6 +215,8 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
             cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "mode": "beam"}, None)
         with pytest.raises(UserError, match="temperature must be 0 .greedy. or a positive number, got -1"):
             cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "temperature": -1}, None)
+        with pytest.raises(UserError, match=r"stop strings need text; this worker reads ids \(--ids\)"):
+            cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "stop": ["."]}, None)
         assert cpp.ar(prompts[0], 4).tokens == python.ar(prompts[0], 4).tokens  # still serving after bad requests
 
 
@@ -452,7 +454,9 @@ def test_runner_bad_inputs_are_one_line_errors(runner, programs, shared_programs
     shutil.copytree(shared_programs, bad_weights)
     (bad_weights / "shared.ptd").write_bytes((shared_programs / "shared.ptd").read_bytes()[:1000])
     assert_one_line_error(run_binary(runner, bad_weights, *prompt), "shared.ptd is not a readable weights file")
-    for args, message in ((("--bogus",), "unknown argument --bogus"), (("--threads", "-1"), "--threads must be at least 1")):
+    for args, message in ((("--bogus",), "unknown argument --bogus"),
+                          (("--threads", "-1"), "--threads must be at least 1"),
+                          (("--ids",), "--ids is a worker's (--worker --ids)")):
         bad = run_binary(runner, programs, *prompt, *args)
         assert bad.returncode == 2 and message in bad.stderr
 

@@ -14,6 +14,7 @@ last complete state):
 
 import json
 import platform
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -102,14 +103,25 @@ def save(state_dir: Path, config: TrainConfig, target_id: str, saved: Saved) -> 
                                         "progress": asdict(saved.progress)})
 
 
+def trainable(trainee: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """(name, parameter) of the draft's own weights: what a campaign saves, restores and keeps as its best (the
+    borrowed embedding and head are frozen)."""
+    return ((name, p) for name, p in trainee.named_parameters() if p.requires_grad)
+
+
+def copy_into(trainee: torch.nn.Module, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+    """The trainee's own weights set to `tensors`' `<prefix><name>` entries."""
+    with torch.no_grad():
+        for name, p in trainable(trainee):
+            p.copy_(tensors[f"{prefix}{name}"])
+
+
 def trainer_tensors(trainee: torch.nn.Module, opt: torch.optim.Optimizer | None, gen: torch.Generator
                     ) -> dict[str, torch.Tensor]:
     """What state.safetensors keeps of a run: the draft's trainable weights, their AdamW moments and step (none
     before the first step: `opt` None), the batch sampler's generator."""
     out = {"generator": gen.get_state()}
-    for name, p in trainee.named_parameters():
-        if not p.requires_grad:
-            continue
+    for name, p in trainable(trainee):
         out[f"draft.{name}"] = p.detach().float().cpu()
         for key, value in (opt.state.get(p, {}) if opt is not None else {}).items():
             out[f"{key}.{name}"] = value.detach().float().cpu().reshape(p.shape if key != "step" else ())
@@ -120,15 +132,12 @@ def restore(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module, opt: tor
             gen: torch.Generator) -> None:
     """Put `trainer_tensors`' output back into a freshly built draft, its optimizer and generator."""
     gen.set_state(tensors["generator"])
-    with torch.no_grad():
-        for name, p in trainee.named_parameters():
-            if not p.requires_grad:
-                continue
-            p.copy_(tensors[f"draft.{name}"])
-            moments = {key: tensors[f"{key}.{name}"].to(p.device) for key in ("step", "exp_avg", "exp_avg_sq")
-                       if f"{key}.{name}" in tensors}
-            if moments:
-                opt.state[p] = moments
+    copy_into(trainee, tensors, "draft.")
+    for name, p in trainable(trainee):
+        moments = {key: tensors[f"{key}.{name}"].to(p.device) for key in ("step", "exp_avg", "exp_avg_sq")
+                   if f"{key}.{name}" in tensors}
+        if moments:
+            opt.state[p] = moments
 
 
 def keep_best(progress: Progress, block_tau: float, trainee: torch.nn.Module, best: dict[str, torch.Tensor]
@@ -138,21 +147,12 @@ def keep_best(progress: Progress, block_tau: float, trainee: torch.nn.Module, be
     if progress.best is not None and block_tau <= progress.best["block_tau"]:
         return best
     progress.best = {"step": progress.step, "block_tau": block_tau}
-    return {f"best.{name}": p.detach().float().cpu().clone() for name, p in trainee.named_parameters()
-            if p.requires_grad}
+    return {f"best.{name}": p.detach().float().cpu().clone() for name, p in trainable(trainee)}
 
 
 def best_of(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The `best.<name>` entries of a campaign's tensors."""
     return {k: v for k, v in tensors.items() if k.startswith("best.")}
-
-
-def ship_best(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module) -> None:
-    """Put the kept best weights into the trainee (the draft a session writes)."""
-    with torch.no_grad():
-        for name, p in trainee.named_parameters():
-            if p.requires_grad:
-                p.copy_(tensors[f"best.{name}"])
 
 
 def taps_file(state_dir: Path) -> Path:

@@ -342,7 +342,7 @@ def _ship_best(run: Run, tensors: dict[str, torch.Tensor], log) -> None:
     if best["step"] == run.progress.step:
         best["heldout_tau"] = run.progress.curve[-1]["heldout_tau"]
         return
-    state.ship_best(tensors, run.trainee)
+    state.copy_into(run.trainee, tensors, "best.")
     best["heldout_tau"] = run.heldout_tau()
     log(f"[train_draft] writing the draft of step {best['step']} (held-out block tau {best['block_tau']:.3f}, tau "
         f"{best['heldout_tau']:.2f}): the best measured; step {run.progress.step}'s is "

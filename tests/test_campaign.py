@@ -12,10 +12,11 @@ import torch
 
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.models.draft import reduce_head
+from dflash_et.training import collect
 from dflash_et.training import config as training_config
 from dflash_et.training import state
 from dflash_et.training.blocks import block_tau, draft_loss, head_labels, pack
-from dflash_et.training.config import TrainConfig, compute_dtype
+from dflash_et.training.config import TrainConfig, check_settings, compute_dtype
 from dflash_et.training.data import Sequence
 from dflash_et.training.fit import Clock, Loop, fit
 from dflash_et.training.train import new_draft
@@ -120,6 +121,34 @@ def test_bf16_where_the_cpu_has_it_and_fp32_elsewhere(monkeypatch):
     assert training_config.has_fast_bf16(torch.device("cuda"))
     with pytest.raises(ValueError, match="train_draft.precision='fp16' is not one of auto, fp32, bf16"):
         compute_dtype(TrainConfig(precision="fp16"), cpu)
+
+
+@pytest.mark.parametrize("share", [0.5, 0.9])
+def test_the_data_take_their_share_of_the_clock(monkeypatch, share):
+    """With `minutes`, the prompts the target writes stop at 2/5 of `data_share` of the clock and its replies at
+    `data_share` (training takes the rest); a share outside (0, 1] is refused in one line."""
+    stops = {}
+
+    def prompt_rows(config, tok, model, log, deadline):
+        stops["prompts"] = deadline
+        return [{"prompt": "held out"}], [{"prompt": "asked"}], {}
+
+    def target_replies(model, prompts, max_new, eos, batch, deadline=None, log=None):
+        stops.setdefault("replies", deadline)
+        return {i: [7] for i in range(len(prompts))}
+
+    monkeypatch.setattr(collect, "prompt_rows", prompt_rows)
+    monkeypatch.setattr(collect, "target_replies", target_replies)
+    monkeypatch.setattr(collect, "encode_chat", lambda tok, prompt: [1, 2, 3])
+    clock = Clock(10.0)
+    train, heldout, _ = collect.new_data(TrainConfig(data_share=share), None, None, set(), clock, print)
+    assert train == [([1, 2, 3, 7], 3)] and heldout == [([1, 2, 3, 7], 3)]
+    span = clock.deadline - clock.start
+    assert stops["prompts"] == pytest.approx(clock.start + 0.4 * share * span)
+    assert stops["replies"] == pytest.approx(clock.start + share * span)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=f"train_draft.data_share={bad} must be a share of the clock"):
+            check_settings(TrainConfig(data_share=bad))
 
 
 class StepClock(Clock):

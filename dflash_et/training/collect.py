@@ -58,7 +58,7 @@ def more_data(config: TrainConfig, saved: state.Saved, tok, model, eos: set[int]
     since = time.perf_counter()
     seed = config.seed + 1000 * (1 + len(saved.progress.sessions))  # a stream of its own, not the first run's
     heldout, train = training_prompts(config)
-    rows = own_prompts(config, tok, model, log, clock.until(0.2), want, seed, heldout) if want > 0 else []
+    rows = own_prompts(config, tok, model, log, clock.until(0.4 * config.data_share), want, seed, heldout) if want > 0 else []
     answered = {tuple(tokens[:p]) for tokens, p in saved.train}
     asked = fitting([encode_chat(tok, r["prompt"]) for r in train], config, "training", log)
     written = fitting([encode_chat(tok, r["prompt"]) for r in rows], config, "new", log) if rows else []
@@ -70,7 +70,7 @@ def more_data(config: TrainConfig, saved: state.Saved, tok, model, eos: set[int]
     if not prompts:
         return []
     since = clock.add("synthesis", since)
-    replies = target_replies(model, prompts, config.max_new_tokens, eos, config.generate_batch, clock.until(0.5), log)
+    replies = target_replies(model, prompts, config.max_new_tokens, eos, config.generate_batch, clock.until(config.data_share), log)
     clock.add("replies", since)
     counts["set"] = max(counts.get("set", 0), len(train))
     counts["synthetic"] = counts.get("synthetic", 0) + sum(own[i] for i in replies)
@@ -81,14 +81,14 @@ def more_data(config: TrainConfig, saved: state.Saved, tok, model, eos: set[int]
 def new_data(config: TrainConfig, tok, model, eos: set[int], clock: Clock, log
              ) -> tuple[list[tuple[list[int], int]], list[tuple[list[int], int]], dict]:
     """A new run's data as (tokens, prompt length) pairs: the training prompts with the target's greedy replies, the
-    held-out prompts with theirs (for block tau), and the prompts' counts. With `minutes`, prompts stop at a fifth
-    of the run and replies at half."""
+    held-out prompts with theirs (for block tau), and the prompts' counts. With `minutes`, the data stop at
+    `data_share` of the run's clock (the prompts the target writes at 2/5 of it), and the rest trains."""
     since = time.perf_counter()
-    heldout_rows, train_rows, counts = prompt_rows(config, tok, model, log, clock.until(0.2))
+    heldout_rows, train_rows, counts = prompt_rows(config, tok, model, log, clock.until(0.4 * config.data_share))
     heldout = fitting([encode_chat(tok, r["prompt"]) for r in heldout_rows], config, "held-out", log)
     prompts = fitting([encode_chat(tok, r["prompt"]) for r in train_rows], config, "training", log)
     since = clock.add("synthesis", since)
-    replies = target_replies(model, prompts, config.max_new_tokens, eos, config.generate_batch, clock.until(0.5), log)
+    replies = target_replies(model, prompts, config.max_new_tokens, eos, config.generate_batch, clock.until(config.data_share), log)
     held = target_replies(model, heldout, config.max_new_tokens, eos, config.generate_batch)
     clock.add("replies", since)
     return ([(prompts[i] + replies[i], len(prompts[i])) for i in sorted(replies)],

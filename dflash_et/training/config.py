@@ -42,6 +42,7 @@ class TrainConfig:
     head_vocab: str | int = "full"
     warm_start: bool = False
     save_minutes: float = 30.0
+    data_share: float = 0.5
     seed: int = 0
 
 
@@ -88,8 +89,11 @@ def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
     return chosen
 
 
-def check_head(config: TrainConfig) -> None:
-    """train_draft.head_vocab is `full` or a number of tokens, and a DFlash2 draft's selector needs the full head."""
+def check_settings(config: TrainConfig) -> None:
+    """train_draft.data_share is a share of the clock, head_vocab is `full` or a number of tokens, and a DFlash2
+    draft's selector needs the full head."""
+    if not 0 < config.data_share <= 1:
+        raise ValueError(f"train_draft.data_share={config.data_share!r} must be a share of the clock in (0, 1] (0.5)")
     if config.head_vocab == "full":
         return
     if not isinstance(config.head_vocab, int) or isinstance(config.head_vocab, bool) or config.head_vocab < 1:

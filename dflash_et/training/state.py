@@ -27,12 +27,12 @@ from dflash_et.files import staged_dir, write_json
 from dflash_et.training.config import TrainConfig
 
 FILES = ("replies.npz", "state.safetensors", "state.json")
-# Settings a resumed run may change: the clock, where and in what it runs, how often it saves and measures, the
-# campaign's planned steps (the cosine is then the new length's), and how many prompts of the set it answers and the
-# target writes itself (more than the state holds: a resumed run answers the rest). Every other one shapes the draft
-# or its data.
-CHANGEABLE = {"minutes", "device", "precision", "save_minutes", "curve_points", "steps", "compute_budget",
-              "num_prompts", "synthetic_prompts", "generate_batch"}
+# Settings a resumed run may change: the clock and its share for data, where and in what it runs, how often it saves
+# and measures, the campaign's planned steps (the cosine is then the new length's), and how many prompts of the set
+# it answers and the target writes itself (more than the state holds: a resumed run answers the rest). Every other one
+# shapes the draft or its data.
+CHANGEABLE = {"minutes", "data_share", "device", "precision", "save_minutes", "curve_points", "steps",
+              "compute_budget", "num_prompts", "synthetic_prompts", "generate_batch"}
 
 
 @dataclass

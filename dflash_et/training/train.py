@@ -46,7 +46,7 @@ from dflash_et.runtime.generate import generate_dflash, pooled_tau
 from dflash_et.threads import all_cores
 from dflash_et.training import state
 from dflash_et.training.blocks import block_tau
-from dflash_et.training.config import TrainConfig, check_head, compute_dtype, training_device
+from dflash_et.training.config import TrainConfig, check_settings, compute_dtype, training_device
 from dflash_et.training.collect import collect
 from dflash_et.training.data import Sequence, cached_taps, reply_model, tapped
 from dflash_et.training.fit import Clock, Loop, fit
@@ -163,7 +163,7 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print,
     `save_minutes` and at the end; the card then also lists each session's host, dtype and rates."""
     device = training_device(config)  # a device that is not there is refused before anything runs
     compute_dtype(config, device)
-    check_head(config)
+    check_settings(config)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank = 0
     if distributed:

@@ -217,7 +217,11 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
             cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "temperature": -1}, None)
         with pytest.raises(UserError, match=r"stop strings need text; this worker reads ids \(--ids\)"):
             cpp._request({"prompt_segments": [{"ids": [1, 2]}], "max_new_tokens": 4, "stop": ["."]}, None)
+        with pytest.raises(UserError, match=r"unknown op 'open'; this worker \(--ids\) answers cost_curve"):
+            cpp._request({"op": "open", "session_id": "s"}, None)
         assert cpp.ar(prompts[0], 4).tokens == python.ar(prompts[0], 4).tokens  # still serving after bad requests
+        unbounded = {"prompt_segments": [{"ids": long_prompt}], "mode": "ar"}  # no max_new_tokens: to the cache's end
+        assert cpp._request(unbounded, None).tokens == python.ar(long_prompt, 50).tokens
 
 
 def test_the_cpp_runner_streams_each_round_as_it_is_accepted(programs, runner, prompts):

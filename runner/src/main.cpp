@@ -7,7 +7,7 @@
 //   dflash_runner --programs DIR --prompt TEXT --tokenize   prints the prompt's ids and exits (loads no program)
 //   dflash_runner --programs DIR --worker [--ar | --block-size B|auto] [--ids]   a model worker for ExecuTorch's
 //                                            llm_server (`dflash serve`; worker.h): auto unless told otherwise;
-//                                            --ids: ids in and out, no tokenizer (dflash-et's engine, cpp_runner.py)
+//                                            --ids: ids in and out, no tokenizer (protocol.h: dflash-et's engine)
 //
 // auto's cost curve comes from --cost-curve (the bench's reports/cost_curve.json for these programs), or is
 // measured when auto first needs it.
@@ -28,6 +28,7 @@
 
 #include "decode.h"
 #include "llama_ops.h"
+#include "protocol.h"
 #include "settings.h"
 #include "text.h"
 #include "worker.h"
@@ -148,7 +149,12 @@ int main(int argc, char** argv) {
     dflash::Pair pair(args.programs);
     if (!args.cost_curve.empty()) pair.load_cost_curve(args.cost_curve);
     if (args.worker) {
-      dflash::run_worker(pair, text.get(), args.mode == "ar", args.block ? args.block : dflash::kAuto);
+      const int64_t block = args.block ? args.block : dflash::kAuto;
+      if (text) {
+        dflash::run_worker(pair, *text, args.mode == "ar", block);
+      } else {
+        dflash::run_ids_worker(pair, args.mode == "ar", block);
+      }
       return 0;
     }
     std::unique_ptr<dflash::TextStream> stream;

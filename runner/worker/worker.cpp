@@ -3,38 +3,22 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <list>
-#include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "settings.h"
+#include "protocol.h"
 
 namespace dflash {
 namespace {
 
-using json = nlohmann::json;
-
 constexpr size_t kMaxSessions = 64;  // named sessions kept at once (their bookkeeping only: one cache)
 constexpr const char* kControlFdVariable = "EXECUTORCH_LLM_WORKER_CONTROL_FD";
-
-void send(const json& message) {
-  std::cout << message.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
-}
-
-// A request the worker refuses, with the protocol's error code.
-struct RequestError : std::runtime_error {
-  RequestError(const std::string& what, std::string code) : std::runtime_error(what), code(std::move(code)) {}
-  std::string code;
-};
 
 // The cancellation channel: request ids, read without waiting, remembered until their request has passed.
 class Control {
@@ -74,67 +58,23 @@ class Control {
 
 class Worker {
  public:
-  Worker(Pair& pair, const Text* text, bool ar, int64_t block) : pair_(pair), text_(text), ar_(ar), block_(block) {
-    if (text_) pair_.keep_resident();
+  Worker(Pair& pair, const Text& text, bool ar, int64_t block) : pair_(pair), text_(text), ar_(ar), block_(block) {
+    pair_.keep_resident();
   }
 
   void serve() {
-    const Limits& l = pair_.limits();
-    if (text_ && !ar_ && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
-    json ready = {{"ready", true}, {"max_named_sessions", kMaxSessions}, {"supports_cancel", control_.supported()},
-                  {"max_context_len", l.max_context_len}, {"max_block", l.max_block}, {"peak_rss_kb", peak_rss_kb()}};
-    if (const auto s = pair_.recommended()) {
-      ready.update({{"temperature", s->temperature}, {"top_p", s->top_p}, {"top_k", s->top_k}});
-    }
+    if (!ar_ && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
+    json ready = ready_fields(pair_);
+    ready.update({{"max_named_sessions", kMaxSessions}, {"supports_cancel", control_.supported()}});
     send(ready);
-    for (std::string line; std::getline(std::cin, line);) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      try {
-        const json request = parse(line);
-        if (request.contains("op")) {
-          op(request);
-        } else {
-          generate(request);
-        }
-      } catch (const RequestError& e) {
-        send({{"error", e.what()}, {"code", e.code}});
-      } catch (const UserError& e) {
-        send({{"error", e.what()}, {"code", "invalid_request"}});
-      } catch (const std::exception& e) {  // a program call failed (the runtime logged why): nothing cached is sure
-        pair_.forget();
-        send({{"error", std::string("generation failed: ") + e.what()}, {"code", "generation_failed"}});
-      }
-    }
+    serve_requests(
+        pair_, [this](const std::string& name, const json& request) { op(name, request); },
+        [this](const json& request) { generate(request); });
   }
 
  private:
-  static json parse(const std::string& line) {
-    json request;
-    try {
-      request = json::parse(line);
-    } catch (const json::exception& e) {
-      throw RequestError(std::string("the request is not JSON (") + e.what() + ")", "invalid_request");
-    }
-    if (!request.is_object()) throw RequestError("the request is not a JSON object", "invalid_request");
-    return request;
-  }
-
-  template <typename T>
-  static T field(const json& request, const char* name, T otherwise) {
-    if (!request.contains(name) || request[name].is_null()) return otherwise;
-    try {
-      return request[name].get<T>();
-    } catch (const json::exception&) {
-      throw RequestError(std::string("'") + name + "' has the wrong type: " + request[name].dump(), "invalid_request");
-    }
-  }
-
-  void op(const json& request) {
-    const std::string op = field<std::string>(request, "op", ""), id = field<std::string>(request, "session_id", "");
-    if (op == "cost_curve") {
-      send({{"cost_curve", json::parse(pair_.cost_curve(field<int64_t>(request, "repeats", 5)).to_json())}});
-      return;
-    }
+  void op(const std::string& op, const json& request) {
+    const std::string id = field<std::string>(request, "session_id", "");
     if (id.empty()) throw RequestError("'" + op + "' needs a session_id", "invalid_request");
     if (op == "open") {
       admit(id);
@@ -168,99 +108,35 @@ class Worker {
     }
   }
 
-  std::vector<int64_t> prompt(const json& request) const {
-    if (request.contains("prompt_segments")) {
-      const json& segments = request["prompt_segments"];
-      if (!segments.is_array() || segments.empty()) {
-        throw RequestError("prompt_segments must be a non-empty list", "invalid_request");
-      }
-      std::vector<int64_t> ids;
-      for (const json& segment : segments) {
-        std::vector<int64_t> more;
-        if (segment.is_object() && segment.contains("text") && segment["text"].is_string()) {
-          more = tokenizer().encode(segment["text"].get<std::string>());
-        } else if (segment.is_object() && segment.contains("ids") && segment["ids"].is_array()) {
-          more = field<std::vector<int64_t>>(segment, "ids", {});
-        } else {
-          throw RequestError("each prompt segment is {\"text\": ...} or {\"ids\": [...]}, got " + segment.dump(),
-                             "invalid_request");
-        }
-        ids.insert(ids.end(), more.begin(), more.end());
-      }
-      return ids;
-    }
-    if (!request.contains("prompt") || !request["prompt"].is_string()) {
-      throw RequestError("a generate request needs a prompt (text) or prompt_segments", "invalid_request");
-    }
-    return tokenizer().encode(request["prompt"].get<std::string>());
-  }
-
-  const Text& tokenizer() const {
-    if (!text_) {
-      throw RequestError("this worker reads ids (--ids); send prompt_segments [{\"ids\": [...]}]", "invalid_request");
-    }
-    return *text_;
-  }
-
-  // The request's decoding: its mode and block (the worker's own unless it names them) and sampling settings,
-  // checked as the runner's flags are.
-  std::pair<std::string, int64_t> decoding(const json& request, Sampling& sampling) const {
-    for (const char* name : {"temperature", "top_p", "top_k", "proposals"}) {
-      if (request.contains(name) && !request[name].is_null()) {
-        set(sampling, name, request[name].is_string() ? request[name].get<std::string>() : request[name].dump());
-      }
-    }
-    sampling.seed = field<uint64_t>(request, "seed", 0);
-    if (sampling.seed == 0 && (text_ || !request.contains("seed"))) {
-      sampling.seed = std::random_device{}();  // the server's 0: no seed, a new draw each request
-    }
-    int64_t block = block_;
-    if (request.contains("block_size") && !request["block_size"].is_null()) {
-      const json& given = request["block_size"];
-      block = given.is_string() ? block_size(given.get<std::string>()) : field<int64_t>(request, "block_size", 0);
-    }
-    return {field<std::string>(request, "mode", ar_ ? "ar" : "dflash"), block};
-  }
-
   void generate(const json& request) {
     const double t0 = now();
     const uint64_t cancel_id = field<uint64_t>(request, "cancel_request_id", 0);
     control_.begin(cancel_id);
     const std::string session = field<std::string>(request, "session_id", "");
     if (!session.empty()) admit(session);
-    const std::vector<int64_t> ids = prompt(request);
+    const std::vector<int64_t> ids = prompt_ids(request, &text_);
     const auto prompt_tokens = static_cast<int64_t>(ids.size());
     const int64_t context = pair_.limits().max_context_len;
     if (prompt_tokens == 0) throw RequestError("the prompt is empty", "invalid_request");
-    if (text_ && prompt_tokens >= context) {  // --ids: the decoding loop's own checks, as the Python engine's
+    if (prompt_tokens >= context) {
       throw RequestError("the prompt has " + std::to_string(prompt_tokens) + " tokens but the context holds " +
                          std::to_string(context) + "; shorten it (the programs were exported with export.max_seq_len " +
                          std::to_string(context) + ")", "context_length_exceeded");
     }
     const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
-    const int64_t max_new = text_ ? std::min(asked > 0 ? asked : context, context - prompt_tokens) : asked;
-    Sampling sampling;
-    const auto [mode, block] = decoding(request, sampling);
+    const int64_t max_new = std::min(asked > 0 ? asked : context, context - prompt_tokens);
+    Decoding d = decoding(request, ar_, block_, /*seed_as_given=*/false);
     const auto stops = field<std::vector<std::string>>(request, "stop", {});
-    if (!text_ && !stops.empty()) {
-      throw RequestError("stop strings need text; this worker reads ids (--ids)", "invalid_request");
-    }
 
-    Sampler sampler(sampling);
-    std::optional<TextStream> stream;  // the server's filters and parsers read the family's markers
-    if (text_) stream.emplace(*text_, /*special=*/true);
+    Sampler sampler(d.sampling);
+    TextStream stream(text_, /*special=*/true);  // the server's filters and parsers read the family's markers
     std::string reply;
     bool stopped = false, cancelled = false;
     size_t kept = 0;  // tokens up to the one whose text completes a stop string: what completion_tokens counts
     const OnTokens on_tokens = [&](const std::vector<int64_t>& tokens) {
-      if (!text_) {
-        send({{"ids", tokens}});
-        kept += tokens.size();
-        return !(cancelled = control_.cancelled(cancel_id));
-      }
       std::string piece;  // one line per round, not per token; a token at a time to know where a stop string ends
       for (auto token = tokens.begin(); token != tokens.end() && !stopped; ++token, ++kept) {
-        const std::string more = pair_.limits().eos_ids.count(*token) ? "" : stream->add({*token});
+        const std::string more = pair_.limits().eos_ids.count(*token) ? "" : stream.add({*token});
         piece += more;
         reply += more;
         for (const std::string& stop : stops) {
@@ -272,11 +148,9 @@ class Worker {
       cancelled = control_.cancelled(cancel_id);
       return !stopped && !cancelled;
     };
-    const Generation g = dflash::generate(pair_, mode, block, max_new, ids, sampler, on_tokens);
+    const Generation g = dflash::generate(pair_, d.mode, d.block, max_new, ids, sampler, on_tokens);
     holder_ = session;
-    if (const std::string rest = stream ? stream->finish() : ""; !rest.empty() && !stopped && !cancelled) {
-      send({{"token", rest}});
-    }
+    if (const std::string rest = stream.finish(); !rest.empty() && !stopped && !cancelled) send({{"token", rest}});
 
     std::vector<int64_t> generated(g.tokens.begin(), g.tokens.begin() + std::min(kept, g.tokens.size()));
     const bool eos = !generated.empty() && pair_.limits().eos_ids.count(generated.back());
@@ -291,7 +165,7 @@ class Worker {
     const auto made = static_cast<int64_t>(generated.size());
     const double tau = drafting ? static_cast<double>(accepted + drafting) / drafting : 0.0;
     const double decode_tok_s = decode_s > 0 ? (static_cast<double>(g.tokens.size()) - 1) / decode_s : 0.0;
-    json done = {{"done", true},
+    send({{"done", true},
           {"prompt_tokens", prompt_tokens},
           {"completion_tokens", made},
           {"finish_reason", eos || stopped || cancelled ? "stop" : "length"},  // or it ran to max_new
@@ -307,9 +181,7 @@ class Worker {
           {"generated_token_ids", stopped || cancelled ? std::vector<int64_t>{} : generated},
           {"cancelled", cancelled},
           {"dflash", {{"rounds", g.rounds.size()}, {"drafted", drafted}, {"verified", verified},
-                      {"accepted", accepted}, {"tau", tau}}}};
-    if (!text_) done.update(record(g));
-    send(done);
+                      {"accepted", accepted}, {"tau", tau}}}});
     std::fprintf(stderr,
                  "dflash_worker: session=%s prompt=%lld reused=%lld (%s) tokens=%lld rounds=%zu tau=%.2f "
                  "prefill_ms=%.1f decode_tok_s=%.1f%s\n",
@@ -320,7 +192,7 @@ class Worker {
   }
 
   Pair& pair_;
-  const Text* text_;  // null: --ids
+  const Text& text_;
   const bool ar_;
   const int64_t block_;
   Control control_;
@@ -331,6 +203,6 @@ class Worker {
 
 }  // namespace
 
-void run_worker(Pair& pair, const Text* text, bool ar, int64_t block) { Worker(pair, text, ar, block).serve(); }
+void run_worker(Pair& pair, const Text& text, bool ar, int64_t block) { Worker(pair, text, ar, block).serve(); }
 
 }  // namespace dflash

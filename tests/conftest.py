@@ -207,12 +207,13 @@ def gemma_programs(tmp_path_factory) -> tuple[Path, Path, Path]:
 @pytest.fixture(scope="session")
 def hybrid_programs(tmp_path_factory) -> tuple[Path, tuple[Path, Path]]:
     """(programs, (target, draft)): fp32 XNNPACK programs of a random hybrid (Qwen3.5) pair with the built-in
-    tokenizer, as the pipeline builds them."""
+    Qwen3.5 tokenizer and chat format (calls in XML), as the pipeline builds them."""
     from dflash_et.checkpoints import builtin
+    from dflash_et.checkpoints.families import qwen3_5
 
     def build(root: Path) -> None:
         target = random_checkpoint(root / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
-        builtin.build_tokenizer().save_pretrained(target)
+        builtin.build_tokenizer(**qwen3_5.FAMILY.builtin.tokenizer).save_pretrained(target)
         build_programs((target, random_draft(root / "draft", target, num_layers=2)), root, stock_forward=False)
 
     root = built_once(tmp_path_factory, "hybrid-programs", build)

@@ -9,7 +9,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from dflash_et.checkpoints import builtin
-from dflash_et.data.tool_chats import tool_call, tool_chat
+from dflash_et.data.chat import reply_text
+from dflash_et.data.tool_chats import as_text, tool_call, tool_chat
 
 
 def files(d: Path) -> dict[str, bytes]:
@@ -66,6 +67,35 @@ def test_the_chat_template_renders_tools_and_calls_as_the_tool_chats_teach(pair)
     assert "<|im_start|>assistant\n" + tool_call(name, arguments) + "<|im_end|>\n" in rendered
     assert f"<|im_start|>user\n<tool_response>\n{messages[2]['content']}\n</tool_response><|im_end|>\n" in rendered
     assert "system" not in tok.apply_chat_template(messages[:1], tokenize=False)
+
+
+def test_a_tool_chat_is_learned_in_the_call_format_of_the_targets_own_template():
+    """The reply a built-in target learns is its template's rendering of the assistant's message: a call that its
+    family's server parser (ExecuTorch's) reads back as the call made, for Qwen3 the Hermes text the built-in
+    tokenizer's merges were trained on; a read-out answer is its text in every family."""
+    from executorch.examples.llm_server.python.tool_parsers import (GemmaToolCallDetector, HermesDetector,
+                                                                    QwenFunctionCallDetector)
+
+    from dflash_et.checkpoints import families
+
+    parsers = {"qwen3": HermesDetector, "gemma4": GemmaToolCallDetector, "qwen3_5": QwenFunctionCallDetector}
+    for name, family in families.builtins().items():
+        tok, rng, calls = builtin.build_tokenizer(**family.builtin.tokenizer), random.Random(0), 0
+        for messages, tools, reply in (tool_chat(rng) for _ in range(40)):
+            written = reply_text(tok, messages, reply, tools)
+            if name == "qwen3":
+                assert written == as_text(reply)
+            if reply["content"]:
+                assert written == reply["content"], name
+                continue
+            call = reply["tool_calls"][0]["function"]
+            parsed = parsers[name]().detect_and_parse(written, {t["function"]["name"]: t["function"]["parameters"]
+                                                                for t in tools})
+            assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [(call["name"], call["arguments"])], \
+                (name, written)
+            assert not parsed.normal_text.strip(), (name, written)
+            calls += 1
+        assert 10 < calls < 30
 
 
 def test_draft_matches_zlab_layout(pair):

@@ -267,7 +267,7 @@ def test_each_family_is_served_in_its_own_chat_format(tmp_path):
 
     expected = {"qwen3": ("<|im_start|>assistant\n", "<think>\n\n</think>\n\n", HermesDetector),
                 "gemma4": ("<|turn>model\n", "<|channel>thought\n<channel|>", GemmaToolCallDetector),
-                "qwen3_5": ("<|im_start|>assistant\n", "<think>\n\n</think>\n\n", HermesDetector)}
+                "qwen3_5": ("<|im_start|>assistant\n", "<think>\n\n</think>\n\n", QwenFunctionCallDetector)}
     for name, family in families.builtins().items():
         builtin.build_tokenizer(**family.builtin.tokenizer).save_pretrained(tmp_path / name)
         template, serving = chat_format(tmp_path / name)

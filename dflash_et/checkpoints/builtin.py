@@ -19,10 +19,10 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerF
 
 from dflash_et.checkpoints import families, zlab
 from dflash_et.checkpoints.load import eos_ids
-from dflash_et.data.chat import encode_chat
+from dflash_et.data.chat import encode_chat, reply_text
 from dflash_et.data.corpus import samples
 from dflash_et.data.prompts import with_documents
-from dflash_et.data.tool_chats import tool_chat
+from dflash_et.data.tool_chats import as_text, tool_chat
 from dflash_et.threads import all_cores
 
 SEED = 0
@@ -32,34 +32,54 @@ THINK, END_THINK, MASK = "<think>", "</think>", "<|mask|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END, THINK, END_THINK, MASK]
 
 # Qwen3's template, reduced to what a chat needs: roles, a generation prompt, the empty think block that
-# `enable_thinking=False` inserts, and tools: their declarations in the system turn, an assistant's calls in the
-# Hermes format and the tools' results as a user turn (data.tool_chats teaches them); Qwen3's own system text
-# about tools, shortened to leave room in a small context.
+# `enable_thinking=False` inserts, and tools: their declarations in the system turn, an assistant's calls and the
+# tools' results as a user turn (data.tool_chats teaches them); Qwen3's own system text about tools, shortened to
+# leave room in a small context. Calls are written in one of `CALLS`' formats: Qwen3's Hermes JSON (the built-in
+# pair's), or Qwen3.5's XML (the built-in hybrid's), each with the line that tells the model how.
 TOOLS_INTRO = "# Tools\n\nYou may call these functions:\n<tools>"
-TOOLS_OUTRO = ("\n</tools>\n\nTo call one, reply with <tool_call>\n{\"name\": <function-name>, \"arguments\": "
-               "<args-json-object>}\n</tool_call>")
-CHAT_TEMPLATE = (
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- " + json.dumps(TOOLS_INTRO) + " }}{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
-    "{{- " + json.dumps(TOOLS_OUTRO) + " + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif not (tools and loop.first and message.role == 'system') %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
-    "{%- for call in message.tool_calls or [] %}{%- set call = call.function if call.function is defined else call %}"
-    "{%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
-    "{{- call.arguments if call.arguments is string else call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
-)
+CALLS = {
+    "hermes": ("<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+               "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+               "{{- call.arguments if call.arguments is string else call.arguments | tojson }}"
+               "{{- '}\\n</tool_call>' }}"),
+    "xml": ("<tool_call>\n<function=function-name>\n<parameter=parameter-name>\nvalue\n</parameter>\n</function>\n"
+            "</tool_call>",
+            "{{- '<tool_call>\\n<function=' + call.name + '>\\n' }}{%- for key, value in call.arguments.items() %}"
+            "{{- '<parameter=' + key + '>\\n' + (value if value is string else value | tojson) }}"
+            "{{- '\\n</parameter>\\n' }}"
+            "{%- endfor %}{{- '</function>\\n</tool_call>' }}"),
+}
+TOOLS_OUTRO = "\n</tools>\n\nTo call one, reply with " + CALLS["hermes"][0]
+
+
+def qwen_template(calls: str = "hermes") -> str:
+    """The built-in Qwen template, its calls in the `calls` format of CALLS."""
+    how, call = CALLS[calls]
+    return (
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+        "{{- " + json.dumps(TOOLS_INTRO) + " }}{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
+        "{{- " + json.dumps("\n</tools>\n\nTo call one, reply with " + how) + " + '<|im_end|>\\n' }}{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if message.role == 'tool' %}"
+        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+        "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+        "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- elif not (tools and loop.first and message.role == 'system') %}"
+        "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+        "{%- for call in message.tool_calls or [] %}"
+        "{%- set call = call.function if call.function is defined else call %}"
+        "{%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}"
+        + call +
+        "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false %}"
+        "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+    )
+
+
+CHAT_TEMPLATE = qwen_template()
 
 DEFAULT_FAMILY = "qwen3"  # the built-in pair's target; the others are targets only (see families/)
 TARGET_SHAPE = families.REGISTRY[DEFAULT_FAMILY].builtin.shape
@@ -72,10 +92,11 @@ TARGET_SOURCES = {f.builtin.source: name for name, f in families.builtins().item
 
 def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_END, pad: str = ENDOFTEXT,
                     chat_template: str = CHAT_TEMPLATE, vocab_size: int = VOCAB_SIZE,
-                    split: str | None = None) -> PreTrainedTokenizerFast:
+                    split: str | None = None, calls: str | None = None) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on the project's corpus, so any text round-trips. The defaults make the built-in
-    target's (GPT-2's split); tests make other families' (other special tokens, no mask, or `split`: a regex that
-    splits the text instead, byte-level coding it whole, as Qwen's and Llama 3's tokenizers do)."""
+    target's (GPT-2's split); families and tests make others (other special tokens, no mask, `calls`: the built-in
+    template with calls in another of CALLS' formats, or `split`: a regex that splits the text instead, byte-level
+    coding it whole, as Qwen's and Llama 3's tokenizers do)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False) if split is None else pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(split), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -87,10 +108,12 @@ def build_tokenizer(special_tokens: list[str] = SPECIAL_TOKENS, eos: str = IM_EN
     text = [f"{prompt}\n{answer}" for _, prompt, answer in samples(3000, seed=SEED)]
     rng = random.Random(SEED)
     for messages, tools, reply in (tool_chat(rng) for _ in range(1500)):
-        text.append("\n".join([TOOLS_INTRO, *map(json.dumps, tools), TOOLS_OUTRO, *(m["content"] for m in messages), reply]))
+        text.append("\n".join([TOOLS_INTRO, *map(json.dumps, tools), TOOLS_OUTRO, *(m["content"] for m in messages),
+                               as_text(reply)]))
     tok.train_from_iterator(text, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=eos, pad_token=pad, chat_template=chat_template,
+        tokenizer_object=tok, eos_token=eos, pad_token=pad,
+        chat_template=qwen_template(calls) if calls else chat_template,
         model_max_length=TARGET_SHAPE["max_position_embeddings"],
     )
 
@@ -185,8 +208,9 @@ def train_target(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, t: 
     chats = [_chat(tokenizer, prompt, answer) for _, prompt, answer in corpus]
     texts = [f"{prompt}\n{answer}" for _, prompt, answer in corpus]
     rng = random.Random(t["seed"])
-    tool_chats = [_chat(tokenizer, messages, reply, tools) for messages, tools, reply in
-                  (tool_chat(rng) for _ in range(t["samples"] // 4 if t["tool_batch"] else 0))]
+    asked = (tool_chat(rng) for _ in range(t["samples"] // 4 if t["tool_batch"] else 0))
+    tool_chats = [_chat(tokenizer, messages, reply_text(tokenizer, messages, reply, tools), tools)
+                  for messages, tools, reply in asked]
     gen = torch.Generator().manual_seed(t["seed"])
 
     def tools() -> torch.Tensor | float:

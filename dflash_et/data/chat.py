@@ -62,6 +62,25 @@ def encode_chat(tok: PreTrainedTokenizerBase, prompt: str | list[dict], tools: l
     return tok.encode(text, add_special_tokens=False)
 
 
+def reply_text(tok: PreTrainedTokenizerBase, messages: list[dict], reply: dict, tools: list[dict] | None = None) -> str:
+    """What a model writes after `encode_chat(tok, messages, tools)` to give the assistant message `reply`, up to its
+    end of turn: the template's own rendering of that message in the conversation, so a tool call comes out in the
+    family's format (Qwen3's Hermes `<tool_call>`, Gemma 4's `<|tool_call>call:..`), as a server's parser reads it.
+    The turn's header is what its tokens share with the generation prompt's (which may go on, as Qwen3's empty
+    think block does)."""
+    before = tok.apply_chat_template(messages, tools=tools, tokenize=False, enable_thinking=False)
+    turn = tok.apply_chat_template([*messages, reply], tools=tools, tokenize=False, enable_thinking=False)
+    prompt = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                     enable_thinking=False)
+    if not (turn.startswith(before) and prompt.startswith(before)):
+        raise ValueError("the chat template renders earlier turns differently once a reply follows; its replies "
+                         "cannot be cut out of a conversation")
+    ids, opening = (tok.encode(text[len(before):], add_special_tokens=False) for text in (turn, prompt))
+    shared = next((i for i, (a, b) in enumerate(zip(ids, opening)) if a != b), min(len(ids), len(opening)))
+    body = turn[len(before) + len(tok.decode(ids[:shared], clean_up_tokenization_spaces=False)):]
+    return body.split(tok.eos_token)[0]
+
+
 @dataclass(frozen=True)
 class ChatFormat:
     """`encode_chat` of one user message without Jinja, for runners that cannot render templates (dflash_runner

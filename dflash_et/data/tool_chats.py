@@ -2,9 +2,10 @@
 
 A real chat model is trained to call the functions a request declares; the built-in target stands for one, so it
 learns the same on chats the project writes itself: a user asks something one of the declared tools answers (among
-up to two others), and the reply is that call in the Hermes format Qwen3 uses (`<tool_call>{"name": ..,
-"arguments": {..}}</tool_call>`, what ExecuTorch's server parses); half the chats go on, the tool's result comes
-back and the reply reads it out. Tools are OpenAI function declarations, keys in the order clients write them.
+up to two others), and the reply is that call, in the format the target's own chat template writes calls in (Qwen3's
+Hermes `<tool_call>{"name": .., "arguments": {..}}</tool_call>`, Gemma 4's `<|tool_call>call:NAME{..}<tool_call|>`:
+what ExecuTorch's server parses for the family); half the chats go on, the tool's result comes back and the reply
+reads it out. Tools are OpenAI function declarations, keys in the order clients write them.
 These chats are not a bench category: the draft never trains on them and the bench never measures them.
 """
 
@@ -48,24 +49,30 @@ def declaration(name: str, description: str, parameter: str) -> dict:
 
 
 def tool_call(name: str, arguments: dict) -> str:
-    """A call as the model writes it (Qwen3's Hermes format: what the chat template renders an assistant's call as)."""
+    """A call as Qwen3's Hermes format writes it: the built-in tokenizer's corpus text (`as_text`)."""
     return '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(arguments) + "}\n</tool_call>"
 
 
-def tool_chat(rng: random.Random) -> tuple[list[dict], list[dict], str]:
-    """(messages, tools, reply): a user question one declared tool answers and the call, or (half the time) the
-    same chat carried on to the tool's result and the answer read from it."""
+def as_text(reply: dict) -> str:
+    """A reply of `tool_chat` as text in the Hermes format, what the built-in tokenizer trains its merges on (a
+    model learns the reply as its own template renders it: data.chat.reply_text)."""
+    calls = [c["function"] for c in reply.get("tool_calls") or []]
+    return reply["content"] or "\n".join(tool_call(c["name"], c["arguments"]) for c in calls)
+
+
+def tool_chat(rng: random.Random) -> tuple[list[dict], list[dict], dict]:
+    """(messages, tools, reply): a user question one declared tool answers and the assistant's call to it, or (half
+    the time) the same chat carried on to the tool's result and the answer read from it."""
     name, description, parameter, values, asks, results, says = rng.choice(TOOLS)
     others = rng.sample([t for t in TOOLS if t[0] != name], rng.randint(0, 2))
     tools = [declaration(*t[:3]) for t in [*others, (name, description, parameter)]]
     rng.shuffle(tools)
     value = rng.choice(values)
     messages = [{"role": "user", "content": rng.choice(asks).format(value) + rng.choice(NUDGES)}]
-    call = tool_call(name, {parameter: value})
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": name, "arguments": {parameter: value}}}]}
     if rng.random() < 0.5:
         return messages, tools, call
     result = rng.choice(results)
-    messages += [{"role": "assistant", "content": "", "tool_calls": [
-                     {"type": "function", "function": {"name": name, "arguments": {parameter: value}}}]},
-                 {"role": "tool", "content": result}]
-    return messages, tools, says.format(value=value, result=result)
+    messages += [call, {"role": "tool", "content": result}]
+    return messages, tools, {"role": "assistant", "content": says.format(value=value, result=result)}

@@ -44,5 +44,6 @@ def builtin_config(tokenizer: PreTrainedTokenizerFast, shape: dict) -> tuple[Qwe
 FAMILY = Family(
     name="qwen3_5", model_types=("qwen3_5_text", "qwen3_5"), layer=layer, args=args, rope=rope,
     builtin=Builtin(source="builtin-hybrid", shape=SHAPE, config=builtin_config, model=Qwen3_5ForCausalLM,
-                    sampling=dict(temperature=0.7, top_p=0.8, top_k=20)),
+                    sampling=dict(temperature=0.7, top_p=0.8, top_k=20),
+                    tokenizer=dict(calls="xml")),  # Qwen3.5 writes calls in XML, where Qwen3 writes JSON
 )

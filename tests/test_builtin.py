@@ -4,6 +4,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config
@@ -96,6 +97,10 @@ def test_a_tool_chat_is_learned_in_the_call_format_of_the_targets_own_template()
             assert not parsed.normal_text.strip(), (name, written)
             calls += 1
         assert 10 < calls < 30
+    marked = builtin.build_tokenizer(chat_template="{% for m in messages %}{{ m.content }}{{ '.' if loop.last }}"
+                                                   "{% endfor %}")  # the last turn rendered apart
+    with pytest.raises(ValueError, match="renders earlier turns differently once a reply follows"):
+        reply_text(marked, [{"role": "user", "content": "hi"}], {"role": "assistant", "content": "yes"})
 
 
 def test_draft_matches_zlab_layout(pair):

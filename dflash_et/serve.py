@@ -243,15 +243,18 @@ def openai_errors(app: FastAPI) -> FastAPI:
     return app
 
 
-def worker_command(programs: Path, runner: Path, threads: int, block_size: str, cost_curve: Path | None) -> list[str]:
-    """dflash_runner as a worker: `block_size` ar (plain decoding), auto or a number."""
-    mode = ["--ar"] if block_size == "ar" else ["--block-size", block_size]
+def worker_command(programs: Path, runner: Path, threads: int, block_size: str, cost_curve: Path | None,
+                   lookup: bool = False) -> list[str]:
+    """dflash_runner as a worker: `block_size` ar (plain decoding), auto or a number, with the draft's proposals or
+    (`lookup`) lookup proposals."""
+    mode = ["--ar"] if block_size == "ar" else ["--lookup"] * lookup + ["--block-size", block_size]
     curve = ["--cost-curve", str(cost_curve)] if cost_curve else []
     return [str(runner), "--programs", str(programs), "--worker", "--threads", str(threads), *mode, *curve]
 
 
 def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, block_size: str = "auto",
-              cost_curve: Path | None = None, model_id: str = "dflash-et", threads: int = 0) -> Pool:
+              cost_curve: Path | None = None, model_id: str = "dflash-et", threads: int = 0, lookup: bool = False
+              ) -> Pool:
     """The workers over `programs`, with its chat format (`chat_format`) and context length, each on `threads`
     threads (0: its share of the cores)."""
     if workers < 1 or queue < 0:
@@ -259,7 +262,7 @@ def make_pool(programs: Path, runner: Path, workers: int = 1, queue: int = 32, b
     config = export_summary(programs)["config"]
     chat = chat_format(programs)
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    command = worker_command(programs, runner, threads, block_size, cost_curve)
+    command = worker_command(programs, runner, threads, block_size, cost_curve, lookup)
     return Pool(lambda: Worker(command, chat, model_id, config["max_seq_len"]), workers, queue)
 
 

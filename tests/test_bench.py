@@ -42,6 +42,11 @@ def test_bench_metrics_and_plots(programs, monkeypatch):
         assert metrics["speedup_auto_by_category"][c] <= high * (1 + 1e-9)
     choices = metrics["auto_rounds_by_category"]
     assert sum(sum(c.values()) for c in choices.values()) == metrics["rounds"]
+    sources = metrics["auto_sources"]  # the draft's, lookup's, none (plain steps)
+    assert "draft" in sources and set(sources) <= {"draft", "lookup", "plain"}
+    assert sum(s["share"] for s in sources.values()) == pytest.approx(1) and sources["draft"]["tau"] > 1
+    assert sum(c.get("lookup", 0) for c in choices.values()) == round(sources.get("lookup", {}).get("share", 0)
+                                                                      * metrics["rounds"])
     assert metrics["tau_auto"] > 1.5 and 1 <= metrics["mean_verify_tokens_auto"] <= 8  # proposals accepted
     assert curve.max_block == 8 and curve.programs
     assert [r["block"] for r in plots["speedup_by_block"]] == ["2", "8", "auto"]

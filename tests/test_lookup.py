@@ -9,24 +9,26 @@ import pytest
 import torch
 
 from dflash_et.evaluate.same_distribution import chi_square
-from dflash_et.runtime.generate import generate_ar, generate_dflash
+from dflash_et.runtime.adaptive import auto_planner, lookup_planner
+from dflash_et.runtime.cost_curve import CostCurve
+from dflash_et.runtime.generate import Generation, generate_ar, generate_dflash
 from dflash_et.runtime.native import lookup
 from dflash_et.runtime.sampling import Sampler, Sampling, distribution
 from tests.test_generate import MAX_SEQ_LEN, ar, encode, models, prompts  # noqa: F401 (fixtures)
 
 
-@pytest.mark.parametrize("context, most, proposed", [
-    ([1, 2, 3, 4, 5, 1, 2], 4, [3, 4, 5, 1]),          # what followed the suffix [1, 2] before
-    ([1, 2, 3, 4, 5, 1, 2], 2, [3, 4]),                # at most `most`
-    ([9, 1, 2, 7, 5, 1, 2, 8, 0, 1, 2], 3, [8, 0, 1]),  # the latest occurrence
-    ([4, 1, 2, 9, 5, 7, 1, 2, 3, 4, 1, 2], 2, [9, 5]),  # the longest recurring suffix [4, 1, 2], not [1, 2]
-    ([1, 2, 3, 1, 2], 8, [3, 1, 2]),                   # it runs to the context's end, no further
-    ([5, 5, 5], 4, [5]),                               # an occurrence overlapping the suffix
-    ([1, 2, 3, 4, 2], 4, []),                          # a lone recurring token proposes nothing
-    ([4], 4, []), ([], 4, []), ([1, 2, 1, 2], 0, []),
+@pytest.mark.parametrize("context, most, proposed, ngram", [
+    ([1, 2, 3, 4, 5, 1, 2], 4, [3, 4, 5, 1], 2),          # what followed the suffix [1, 2] before
+    ([1, 2, 3, 4, 5, 1, 2], 2, [3, 4], 2),                # at most `most`
+    ([9, 1, 2, 7, 5, 1, 2, 8, 0, 1, 2], 3, [8, 0, 1], 2),  # the latest occurrence
+    ([4, 1, 2, 9, 5, 7, 1, 2, 3, 4, 1, 2], 2, [9, 5], 3),  # the longest recurring suffix [4, 1, 2], not [1, 2]
+    ([1, 2, 3, 1, 2], 8, [3, 1, 2], 2),                   # it runs to the context's end, no further
+    ([5, 5, 5], 4, [5], 2),                               # an occurrence overlapping the suffix
+    ([1, 2, 3, 4, 2], 4, [], 0),                          # a lone recurring token proposes nothing
+    ([4], 4, [], 0), ([], 4, [], 0), ([1, 2, 1, 2], 0, [], 0),
 ])
-def test_lookup_proposes_what_followed_the_longest_recurring_suffix(context, most, proposed):
-    assert lookup(context, most) == proposed
+def test_lookup_proposes_what_followed_the_longest_recurring_suffix(context, most, proposed, ngram):
+    assert lookup(context, most) == (proposed, ngram)
 
 
 def lookup_decode(models, prompt, block, n=24, eos=frozenset(), max_seq_len=MAX_SEQ_LEN, sampler=None):
@@ -61,10 +63,85 @@ def test_lookup_never_writes_past_max_seq_len_nor_past_the_budget(models, room):
         assert lookup_decode(models, prompt, 16, n=n).tokens == ar(models, prompt, n).tokens
 
 
-def test_one_token_prompt_and_the_planner_refused(models):
+def test_one_token_prompt(models):
     assert lookup_decode(models, [7], 8).tokens == ar(models, [7]).tokens
-    with pytest.raises(ValueError, match="lookup proposals take a fixed block_size"):
-        generate_dflash(models[0], None, [1, 2], 4, set(), MAX_SEQ_LEN, 16, 4, 0, planner=object())
+
+
+def scripted(sequence: list[int]):
+    """A target whose greedy token after position p is sequence[p + 1], whatever came before."""
+    def target(tokens: torch.Tensor, input_pos: torch.Tensor):
+        logits = torch.zeros(1, len(input_pos), 32)
+        logits[0, torch.arange(len(input_pos)), torch.tensor([sequence[p + 1] for p in input_pos.tolist()])] = 10.0
+        return logits, torch.zeros(1, len(input_pos), 1)
+    return target
+
+
+def planned_lookup(sequence: list[int], slope: float, n: int = 400) -> tuple[Generation, float]:
+    """Greedy lookup at auto over `sequence` on a curve where a target call costs 1 ms + `slope` per extra token:
+    the generation and its speed against plain decoding's by that curve."""
+    costs = [1 + slope * t for t in range(16)]
+    planner = lookup_planner(CostCurve([0, 1000], [costs, costs], [[0.3] * 15] * 2), 16)
+    target, prompt = scripted(sequence), sequence[:10]
+    out = generate_dflash(target, None, prompt, n, set(), 1024, 16, 16, 0, lookup_planner=planner)
+    assert out.tokens == generate_ar(target, prompt, n, set(), 1024, 16).tokens == sequence[10:10 + n]
+    return out, (len(out.tokens) - 1) / sum(1 + slope * r.verified for r in out.rounds)
+
+
+def test_auto_verifies_the_lookup_proposals_that_pay_on_the_cost_curve():
+    """Text of 4 tokens at random: every round finds a recurring suffix, and 1 in 4 of its proposals is right. Where a
+    verified token costs 0.3 of a call, verifying them does not pay, and auto learns to decline them (plain steps, with
+    a probe now and then): no slower than plain decoding. Where it costs 0.02, verifying one or two pays, and it does.
+    Text that repeats itself (a cycle of 9 tokens) after the random stretch: it verifies all the cycle holds again."""
+    noise = [int(t) for t in torch.randint(0, 4, (1000,), generator=torch.Generator().manual_seed(0))]
+    (dear, dear_speed), (cheap, cheap_speed) = planned_lookup(noise, 0.3), planned_lookup(noise, 0.02)
+    assert all(r.drafted > 0 for r in dear.rounds[100:-1])  # proposals are made in every round
+    assert sum(r.verified > 0 for r in dear.rounds[100:]) < 0.3 * len(dear.rounds[100:]) and dear_speed > 0.97
+    assert all(r.verified > 0 for r in cheap.rounds[100:-1]) and cheap_speed > 1.15
+    cycle = noise[:200] + [10 + i % 9 for i in range(800)]
+    for slope in (0.3, 0.02):
+        out, speed = planned_lookup(cycle, slope)
+        assert all(r.verified == r.accepted == r.drafted == 9 for r in out.rounds[-15:-1]) and speed > 1.3
+
+
+class GuessingDraft:
+    """A draft over `sequence` (the `scripted` target's): sure of sequence[p] at each position p where `right(p)`,
+    of a wrong token elsewhere."""
+
+    def __init__(self, sequence: list[int], right):
+        self.sequence, self.right = sequence, right
+
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        start = int(input_pos[-1]) + 1  # the anchor's position; proposal i is position start + 1 + i
+        logits = torch.zeros(1, tokens.shape[1] - 1, 32)
+        for i in range(tokens.shape[1] - 1):
+            p = start + 1 + i
+            logits[0, i, self.sequence[p] if self.right(p) else (self.sequence[p] + 1) % 32] = 8.0
+        return logits
+
+
+def test_auto_with_a_draft_gives_lookup_the_rounds_where_it_pays_more():
+    """A reply that repeats a 9-token cycle while the draft is wrong, then goes on at random (no run recurs) while the
+    draft is right: auto takes lookup's proposals in the cycle and the draft's after it, emitting plain decoding's
+    tokens, and beats either alone."""
+    g = torch.Generator().manual_seed(1)
+    sequence = [10 + i % 9 for i in range(300)] + [int(t) for t in torch.randint(0, 32, (700,), generator=g)]
+    draft, costs = GuessingDraft(sequence, right=lambda p: p >= 300), [1 + 0.1 * t for t in range(16)]
+    curve = CostCurve([0, 1000], [costs, costs], [[0.3 + 0.02 * b for b in range(2, 17)]] * 2)
+    target, prompt = scripted(sequence), sequence[:20]
+
+    def decoded(planner=None, lookups=None, lookup_only=False) -> tuple[Generation, float]:
+        out = generate_dflash(target, None if lookup_only else draft, prompt, 560, set(), 1024, 16, 16, 0,
+                              planner=planner, lookup_planner=lookups)
+        assert out.tokens == sequence[20:580]
+        return out, sum(1 + 0.1 * r.verified + (0.3 + 0.02 * (r.drafted + 1)) * (r.drafted > 0 and not r.looked_up)
+                        for r in out.rounds)  # ms on the curve
+
+    both, both_ms = decoded(auto_planner(curve, 16, time_weight=0.0), lookup_planner(curve, 16))
+    assert sum(r.looked_up and r.accepted >= 8 for r in both.rounds[:20]) >= 15  # in the cycle
+    assert not any(r.looked_up for r in both.rounds[-15:]) and sum(r.accepted for r in both.rounds[-15:]) > 150
+    _, draft_ms = decoded(auto_planner(curve, 16, time_weight=0.0))
+    _, lookup_ms = decoded(lookups=lookup_planner(curve, 16), lookup_only=True)
+    assert both_ms < 0.9 * min(draft_ms, lookup_ms)
 
 
 V = 4
@@ -123,8 +200,8 @@ def test_sampled_lookup_decoding_has_exactly_the_targets_distribution():
 
 
 def test_dflash_generate_lookup_prints_plain_decodings_reply(programs, capsys):
-    """`dflash generate --lookup`: the programs' target alone with lookup proposals, greedy: plain decoding's text;
-    --ar with it, or auto, is one line."""
+    """`dflash generate --lookup`: the programs' target alone with lookup proposals (auto, or a fixed block), greedy:
+    plain decoding's text; --ar with it is one line."""
     from dflash_et import cli
 
     def generated(*flags: str) -> dict:
@@ -134,7 +211,5 @@ def test_dflash_generate_lookup_prints_plain_decodings_reply(programs, capsys):
 
     assert generated("--lookup")["tokens"] == generated("--ar")["tokens"] == generated("--lookup", "--block-size",
                                                                                      "3")["tokens"]
-    for flags, message in ((["--lookup", "--ar"], "--ar and --lookup are two ways to decode; give one"),
-                           (["--lookup", "--block-size", "auto"], "--lookup takes a fixed --block-size")):
-        with pytest.raises(SystemExit, match=f"^error: {message}"):
-            generated(*flags)
+    with pytest.raises(SystemExit, match="^error: --ar and --lookup are two ways to decode; give one"):
+        generated("--lookup", "--ar")

@@ -172,27 +172,32 @@ def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner
     assert sum(r.accepted for g in ours for r in g.rounds) > 50  # a trained draft: rollback and the taps are exercised
 
 
-def test_runner_makes_the_python_engines_lookup_rounds(programs, runner, prompts):
-    """Lookup proposals (runner/host/lookup.h, no draft call) at several blocks: the same tokens and rounds
+def test_runner_makes_the_python_engines_lookup_rounds(programs, runner, prompts, tmp_path):
+    """Lookup proposals (runner/host/lookup.h, no draft call) at several blocks and at auto: the same tokens and rounds
     (proposed, verified, accepted) in both runners, and plain decoding's tokens, after the test prompts and after
-    each followed by its reply and its last tokens again (so that the reply repeats and lookup pays)."""
+    each followed by its reply and its last tokens again (so that the reply repeats and lookup pays). auto plans on
+    one curve in both, where each token verified costs 0.3 of a call: it verifies fewer than proposed at times."""
     python = Engine(programs)
     cases = []
     for ids in prompts[:3]:
         cases += [ids, ids + python.ar(ids, 24).tokens + ids[-6:]][:1 + (len(ids) + 60 <= MAX_SEQ_LEN)]
-    blocks = (2, 5, python.max_block_size)
+    curve, most = python.cost_curve(repeats=1), python.max_block_size
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(replace(curve, target_ms=[[1 + 0.3 * t for t in range(most)]] * len(curve.positions))
+                               .to_dict()))
+    python = Engine(programs, path)
+    blocks = (2, 5, most, "auto")
     theirs = [python.lookup(ids, 24, block) for ids in cases for block in blocks]
-    with CppEngine(programs, runner, threads=1) as cpp:
+    with CppEngine(programs, runner, threads=1, cost_curve=path) as cpp:
         ours = [cpp.lookup(ids, 24, block) for ids in cases for block in blocks]
         plain = [cpp.ar(ids, 24).tokens for ids in cases for _ in blocks]
-        with pytest.raises(UserError, match="lookup proposals take a fixed block size, not auto"):
-            cpp.lookup(prompts[0], 8, "auto")
     for a, b in zip(ours, theirs):
         assert a.tokens == b.tokens
         assert [(r.drafted, r.verified, r.accepted) for r in a.rounds] == [(r.drafted, r.verified, r.accepted)
                                                                            for r in b.rounds]
     assert [g.tokens for g in ours] == plain
     assert len(cases) > 3 and sum(r.accepted for g in ours for r in g.rounds) > 0
+    assert any(r.verified < r.drafted for g in ours[3::4] for r in g.rounds)  # auto's
 
 
 def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):

@@ -415,9 +415,11 @@ def test_serve_refuses_what_it_cannot_serve_in_one_line(programs, runner, tmp_pa
                           ((no_draft, runner), r"the C\+\+ worker did not start .+; run `.+ --worker")):
         with pytest.raises(UserError, match=message):
             make_pool(*args)
-    run = subprocess.run([str(Path(sys.executable).parent / "dflash"), "serve", "--programs", str(programs.parent /
-                          "nowhere")], capture_output=True, text=True, env={**os.environ, "DFLASH_RUNNER": str(runner)})
-    assert run.returncode == 1 and run.stderr.startswith("error: ") and "export.json" in run.stderr, run.stderr
+    for flags, message in ((["--programs", str(programs.parent / "nowhere")], "export.json"),
+                           (["--lookup", "--block-size", "ar"], "--lookup and --block-size ar are two ways")):
+        run = subprocess.run([str(Path(sys.executable).parent / "dflash"), "serve", *flags], capture_output=True,
+                             text=True, env={**os.environ, "DFLASH_RUNNER": str(runner)})
+        assert run.returncode == 1 and run.stderr.startswith("error: ") and message in run.stderr, run.stderr
 
 
 # ------------------------------------------------------------------------------------- the worker itself
@@ -448,10 +450,11 @@ def worker(programs: Path, runner: Path, *flags: str):
         os.close(write)
 
 
-@pytest.mark.parametrize("flags", [(), ("--ar",), ("--block-size", "4")], ids=["auto", "ar", "block-4"])
+@pytest.mark.parametrize("flags", [(), ("--ar",), ("--block-size", "4"), ("--lookup",)],
+                         ids=["auto", "ar", "block-4", "lookup-auto"])
 def test_the_worker_resumes_a_conversation_from_its_cache_exactly(programs, runner, flags):
     """Turn 2 starts with turn 1's prompt and reply: only the rest is run (exact_prefix), and both turns give
-    plain greedy decoding's tokens of their whole prompt."""
+    plain greedy decoding's tokens of their whole prompt, streamed, with the draft's proposals or lookup's."""
     tok, engine = tokenizer(programs), Engine(programs)
     eos = set(engine.eos_ids)
     first = encode_chat(tok, "Ada has 3 apples and buys 4 more.")

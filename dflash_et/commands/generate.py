@@ -36,7 +36,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--lookup", action="store_true",
                    help="lookup proposals in place of the draft's: what followed the latest earlier occurrence of the "
                         "context's last tokens, verified by target.pte (no draft call; pays where the reply repeats "
-                        "its prompt); a fixed block (default: the largest the programs take)")
+                        "its prompt); at auto, as many of each round's as pay on this device, none where they do not")
     g.add_argument("--block-size", type=block_size, default=None,
                    help="DFlash block: last token + proposals, or auto: chosen each round from this device's "
                         "cost curve and the draft's confidence (default: auto)")
@@ -96,12 +96,10 @@ def generate(args: argparse.Namespace) -> None:
     flags = sampling_flags(args)
     if args.ar and args.lookup:
         raise UserError("--ar and --lookup are two ways to decode; give one")
-    if args.lookup and args.block_size == AUTO:
-        raise UserError("--lookup takes a fixed --block-size (a number of tokens), not auto")
-    args.block_size = args.block_size or (None if args.lookup else AUTO)
+    args.block_size = args.block_size or AUTO
     engine = open_decoder(args.programs, args.runner, args.cost_curve)
     settings = engine.recommended(**flags) if args.sample else Sampling(**flags)
-    if not args.ar and not args.lookup and plans(args.block_size, settings.greedy):
+    if not args.ar and plans(args.block_size, settings.greedy):
         engine.cost_curve(repeats=1)  # one sweep at load (the bench's file, from several, is steadier)
     if args.sample and settings.greedy:
         print(f"note: {args.programs / 'target.pte'} recommends greedy decoding (its checkpoint's do_sample is "

@@ -29,6 +29,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for a worker; past them a request gets 503 (default: %(default)s)")
     v.add_argument("--block-size", default="auto", help="auto, a DFlash block, or ar: plain decoding "
                                                         "(default: %(default)s)")
+    v.add_argument("--lookup", action="store_true",
+                   help="lookup proposals in place of the draft's (what followed the latest earlier occurrence of the "
+                        "context's last tokens; no draft call): they pay where replies repeat their input")
     v.add_argument("--cost-curve", type=Path, default=None,
                    help="auto's cost curve for these programs (reports/cost_curve.json; default: each worker "
                         "measures one as it starts)")
@@ -56,6 +59,8 @@ def serve(args: argparse.Namespace) -> None:
                         "pip install -e '.[serve]'") from None
     from dflash_et.runtime.cpp_runner import find_runner
 
+    if args.lookup and args.block_size == "ar":
+        raise UserError("--lookup and --block-size ar are two ways to decode; give one")
     pool = serve.make_pool(args.programs, find_runner(), args.workers, args.queue, args.block_size, args.cost_curve,
-                           args.model_id, args.threads)
+                           args.model_id, args.threads, args.lookup)
     serve.serve(pool, args.model_id, args.host, args.port)

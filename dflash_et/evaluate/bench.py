@@ -217,12 +217,25 @@ def mean_verify_tokens_auto_by_category(runs: Runs) -> dict[str, float]:
 
 @metric
 def auto_rounds_by_category(runs: Runs) -> dict[str, dict[str, int]]:
-    """How auto's rounds spread: plain steps (no draft call), and drafted rounds by proposals verified."""
+    """How auto's rounds spread: plain steps (no proposals made), rounds lookup proposals took from the draft, and
+    drafted rounds by proposals verified."""
     def choices(category: str) -> dict[str, int]:
-        count = Counter("plain" if r.drafted == 0 else str(r.verified) for r in runs.rounds(AUTO, category))
-        return {k: count[k] for k in ["plain", *map(str, range(runs.max_block))] if count[k]}
+        count = Counter("plain" if r.drafted == 0 else "lookup" if r.looked_up else str(r.verified)
+                        for r in runs.rounds(AUTO, category))
+        return {k: count[k] for k in ["plain", "lookup", *map(str, range(runs.max_block))] if count[k]}
 
     return {c: choices(c) for c in runs.categories}
+
+
+@metric
+def auto_sources(runs: Runs) -> dict[str, dict[str, float]]:
+    """Each source of auto's proposals (the draft, lookup; plain steps made none): its share of the rounds and tau
+    (tokens a round) in them."""
+    rounds = runs.rounds(AUTO)
+    sources = {"draft": [r for r in rounds if r.drafted and not r.looked_up],
+               "lookup": [r for r in rounds if r.looked_up], "plain": [r for r in rounds if not r.drafted]}
+    return {name: {"share": len(rs) / len(rounds), "tau": sum(r.emitted for r in rs) / len(rs)}
+            for name, rs in sources.items() if rs}
 
 
 # What the bench stage prints, one line each: metric names, shown as name=value when the bench reports them.

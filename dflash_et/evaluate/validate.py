@@ -15,7 +15,7 @@ import torch
 
 from dflash_et.export.config import ExportConfig
 from dflash_et.export.loading import load_models
-from dflash_et.runtime.adaptive import AUTO, auto_planner
+from dflash_et.runtime.adaptive import AUTO, auto_planner, lookup_planner
 from dflash_et.runtime.cost_curve import measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id
@@ -124,17 +124,17 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
 def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
                    mask_token_id: int, blocks: list[int | str] | None = None) -> tuple[float, str | None, dict]:
     """DFlash over the programs vs plain greedy over target.pte, at `blocks` (default: block 2, the largest,
-    and auto, deciding by a cost curve measured here).
+    and auto, deciding by a cost curve measured here, lookup proposals taking the rounds where they pay more).
 
     Returns the fraction of (prompt, block) runs that matched exactly, the first divergence, and tau per block.
     """
     target_p, draft_p = programs
     max_seq_len, chunk, largest = target_p.meta.max_context_len, target_p.meta.max_seq_len, draft_p.meta.max_block_len
     blocks = blocks or [*sorted({2, largest}), AUTO]
-    planner = None
+    planner = lookups = None
     if AUTO in blocks:
         curve = measure_cost_curve(target_p, draft_p, largest, max_seq_len, mask_token_id, chunk, repeats=1)
-        planner = auto_planner(curve, largest)
+        planner, lookups = auto_planner(curve, largest), lookup_planner(curve, largest)
     taus: dict[int | str, list[float]] = {}
     matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):
@@ -142,7 +142,8 @@ def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: s
         for block in blocks:
             out = generate_dflash(target_p, draft_p, ids, max_new_tokens, eos, max_seq_len, chunk,
                                   largest if block == AUTO else block, mask_token_id,
-                                  planner=planner if block == AUTO else None)
+                                  planner=planner if block == AUTO else None,
+                                  lookup_planner=lookups if block == AUTO else None)
             taus.setdefault(block, []).append(out.tau)
             runs += 1
             if out.tokens == reference:

@@ -123,9 +123,10 @@ class CppEngine:
         as `Engine.dflash`), greedy unless a sampler says otherwise."""
         return self._decode("dflash", prompt, max_new_tokens, block_size, on_tokens, sampler)
 
-    def lookup(self, prompt: list[int], max_new_tokens: int, block_size: int | None = None,
+    def lookup(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
-        """Lookup proposals verified by target.pte, at a fixed block (default: the largest the programs take)."""
+        """Lookup proposals verified by target.pte, at a fixed block (default: the largest the programs take) or `auto`
+        (as `Engine.lookup`)."""
         return self._decode("lookup", prompt, max_new_tokens, block_size, on_tokens, sampler)
 
     def _decode(self, mode: str, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None,

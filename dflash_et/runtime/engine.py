@@ -11,10 +11,10 @@ from functools import cached_property
 from pathlib import Path
 
 from dflash_et.errors import ProgramError
-from dflash_et.runtime.adaptive import AUTO, auto_planner, plans
+from dflash_et.runtime.adaptive import AUTO, auto_planner, lookup_planner, plans
 from dflash_et.runtime.cost_curve import CostCurve, measure_cost_curve
-from dflash_et.runtime.generate import Generation, OnTokens, Planner, generate_ar, generate_dflash
-from dflash_et.runtime.native import programs_identity
+from dflash_et.runtime.generate import Generation, OnTokens, RoundPlanner, generate_ar, generate_dflash
+from dflash_et.runtime.native import LookupPlanner, programs_identity
 from dflash_et.runtime.programs import load_programs
 from dflash_et.runtime.sampling import Sampler, Sampling
 
@@ -50,7 +50,8 @@ class Engine:
         self.max_context_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
         self.mask_token_id, self.max_block_size = d.mask_token_id, d.max_block_len
         self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None
-        self._planner: Planner | None = None
+        self._planner: RoundPlanner | None = None
+        self._lookup_planner: LookupPlanner | None = None
 
     @cached_property
     def identity(self) -> str:
@@ -73,11 +74,18 @@ class Engine:
         return measure_cost_curve(self.target, self.draft, self.max_block_size, self.max_context_len, self.mask_token_id,
                                   self.chunk, repeats, self.identity)
 
-    def planner(self) -> Planner:
+    def planner(self) -> RoundPlanner:
         """The planner of greedy generations, learning across them."""
         if self._planner is None:
             self._planner = auto_planner(self.cost_curve(), self.max_block_size)
         return self._planner
+
+    def lookup_planner(self) -> LookupPlanner:
+        """The planner of lookup proposals in greedy generations at auto (with the draft or without), learning across
+        them."""
+        if self._lookup_planner is None:
+            self._lookup_planner = lookup_planner(self.cost_curve(), self.max_block_size)
+        return self._lookup_planner
 
     def recommended(self, **overrides) -> Sampling:
         """The checkpoint's recommended sampling settings (target.pte's metadata), `overrides` on top."""
@@ -92,23 +100,28 @@ class Engine:
     def dflash(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
         """DFlash decoding with target.pte verifying draft.pte's blocks (greedy unless a sampler says otherwise),
-        at a fixed block (default: the largest draft.pte takes) or `auto`."""
+        at a fixed block (default: the largest draft.pte takes) or `auto` (greedy: lookup proposals take the rounds
+        where they pay more than the draft's)."""
         block_size = self.check_block_size(block_size or self.max_block_size)
         sampler = sampler or Sampler()
-        planner = self.planner() if plans(block_size, sampler.sampling.greedy) else None
+        planned = plans(block_size, sampler.sampling.greedy)
         return generate_dflash(self.target, self.draft, prompt, max_new_tokens, self.eos_ids, self.max_context_len,
                                self.chunk, self.max_block_size if block_size == AUTO else block_size, self.mask_token_id,
-                               on_tokens, sampler, planner)
+                               on_tokens, sampler, self.planner() if planned else None,
+                               self.lookup_planner() if planned else None)
 
-    def lookup(self, prompt: list[int], max_new_tokens: int, block_size: int | None = None,
+    def lookup(self, prompt: list[int], max_new_tokens: int, block_size: BlockSize | None = None,
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
         """Lookup proposals (native.lookup: what followed the context's longest recurring suffix) verified by
-        target.pte, no draft call, at a fixed block (default: the largest the programs take)."""
+        target.pte, no draft call, at a fixed block (default: the largest the programs take) or `auto` (greedy: as
+        many of each round's proposals as pay on this device's cost curve, none where they do not; sampled: the
+        largest block)."""
         block_size = self.check_block_size(block_size or self.max_block_size)
-        if block_size == AUTO:
-            raise ValueError("lookup proposals take a fixed block_size, not auto")
+        sampler = sampler or Sampler()
+        planner = self.lookup_planner() if plans(block_size, sampler.sampling.greedy) else None
         return generate_dflash(self.target, None, prompt, max_new_tokens, self.eos_ids, self.max_context_len,
-                               self.chunk, block_size, self.mask_token_id, on_tokens, sampler)
+                               self.chunk, self.max_block_size if block_size == AUTO else block_size,
+                               self.mask_token_id, on_tokens, sampler, lookup_planner=planner)
 
     def close(self) -> None:
         """Nothing to release (the programs go with the engine); here so that both engines close alike."""

@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from dflash_et.runtime.native import lookup
+from dflash_et.runtime.native import History, LookupPlanner
 from dflash_et.runtime.sampling import Lattice, Sampler
 
 TargetFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -33,8 +33,9 @@ DraftFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | tu
 OnTokens = Callable[[list[int]], None] | None  # called with each batch of newly emitted tokens (streaming)
 
 
-class Planner(Protocol):
-    """Chooses each round's block and how many proposals to verify (`adaptive.auto_planner`)."""
+class RoundPlanner(Protocol):
+    """Chooses each round's block and how many proposals to verify (`adaptive.auto_planner`; runner/host's
+    RoundPlanner, whose hooks these are)."""
 
     def block(self, pos: int, room: int) -> int: ...  # the draft block (1: a plain step), at most room
     def verify_count(self, draft_logits: torch.Tensor, pos: int) -> int: ...  # proposals to verify
@@ -44,7 +45,7 @@ class Planner(Protocol):
 @dataclass
 class Round:
     """One decode step: a DFlash round, or one plain token (verified = 0). `drafted`: the proposals the
-    draft made, of which the first `verified` went to the target (fewer under `block_size: auto`)."""
+    draft (or lookup) made, of which the first `verified` went to the target (fewer under `block_size: auto`)."""
 
     verified: int
     accepted: int
@@ -53,6 +54,7 @@ class Round:
     verify_s: float
     total_s: float
     drafted: int = 0
+    looked_up: bool = False  # its proposals were lookup's (without a draft, or taken from it: auto)
 
     @property
     def host_s(self) -> float:
@@ -172,7 +174,7 @@ class PathProposals:
 def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
                     mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None,
-                    planner: Planner | None = None) -> Generation:
+                    planner: RoundPlanner | None = None, lookup_planner: LookupPlanner | None = None) -> Generation:
     """DFlash decoding: greedy, it emits exactly the tokens `generate_ar` would; sampled, tokens with
     exactly the distribution `generate_ar` samples from (greedy by default).
 
@@ -181,13 +183,13 @@ def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], 
     unseen context carried to the next round). With a `planner` (`block_size: auto`) each round's block,
     up to `block_size`, and how many of its proposals to verify are the planner's choice. Without a `draft` the
     proposals are lookup proposals (`native.lookup`: what followed the context's longest recurring suffix), point
-    masses the verify rule takes as argmax proposals, up to block_size - 1 a round and none where nothing recurs.
+    masses the verify rule takes as argmax proposals, up to block_size - 1 a round and none where nothing recurs; a
+    `lookup_planner` (`adaptive.lookup_planner`) then says how many of them to verify. With a draft, its `planner`
+    and a `lookup_planner` (greedy auto), lookup proposals take the rounds where they pay more than the one planned.
     """
     _check_prompt(prompt, max_seq_len, max_new_tokens)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2 (one anchor + one proposal), got {block_size}")
-    if draft is None and planner is not None:
-        raise ValueError("lookup proposals take a fixed block_size; auto plans a draft's blocks")
     sampler = sampler or Sampler()
     t0 = time.perf_counter()
     logits, taps = prefill(target, prompt, prefill_chunk)
@@ -195,6 +197,7 @@ def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], 
     on_tokens and on_tokens(out.tokens[:])
     pos = len(prompt)                     # position of out.tokens[-1], not yet written to the cache
     unseen, unseen_start = [taps], 0      # target taps the draft has not been fed, from unseen_start
+    history = History(prompt + out.tokens, min(max_new_tokens, max_seq_len))  # what lookup reads
     window = getattr(draft, "context_window", None)
     vocab_ids = getattr(draft, "vocab_ids", None)  # a reduced head's logits are those of these tokens
     read = PathProposals if getattr(draft, "returns_lattice", False) else LogitProposals
@@ -206,10 +209,15 @@ def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], 
         t0 = time.perf_counter()
         b = planner.block(pos, room) if planner else room
         last, proposals, q, draft_s, made = out.tokens[-1], [], None, 0.0, b - 1  # made: proposals made
-        if b >= 2 and draft is None:
-            proposals = lookup(prompt + out.tokens, b - 1)
-            made = len(proposals)
-        elif b >= 2:
+        looked_up = draft is None
+        if room >= 2 and (looked_up or lookup_planner):
+            found, ngram = history.lookup(room - 1)
+            if looked_up:
+                count = lookup_planner.verify_count(ngram, len(found), pos) if lookup_planner and found else len(found)
+                proposals, made = found[:count], len(found)
+            elif found and (count := lookup_planner.take(planner, ngram, len(found), pos)):
+                proposals, made, looked_up = found[:count], len(found), True
+        if b >= 2 and not looked_up:
             hidden = torch.cat(unseen, dim=1)
             skip = unread(window, unseen_start, pos)
             hidden, unseen_start = hidden[:, skip:], unseen_start + skip
@@ -225,13 +233,18 @@ def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], 
         logits, taps = target(tokens, positions)
         verify_s = time.perf_counter() - t1
         accepted, following = sampler.verify(proposals, q, logits[0])
-        planner and planner.observe(len(proposals), accepted)
+        if looked_up:
+            lookup_planner and lookup_planner.observe(len(proposals), accepted)
+            planner and planner.taken(accepted)
+        else:
+            planner and planner.observe(len(proposals), accepted)
         new, done = _cut_at_eos(proposals[:accepted] + [following], eos_ids)
         out.tokens += new
         on_tokens and on_tokens(new)
         if draft is not None:
             unseen.append(taps if accepted == len(proposals) else taps[:, :accepted + 1])  # of `last`, the accepted
+        history.extend(new)
         pos += accepted + 1
         out.rounds.append(Round(len(proposals), accepted, len(new), draft_s, verify_s, time.perf_counter() - t0,
-                                made))
+                                made, looked_up))
     return out

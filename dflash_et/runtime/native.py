@@ -1,6 +1,6 @@
 """The host library (libdflash_host.so, runner/host/host_api.cpp): the cost curve and its measurement, auto's
-planner, a DFlash2 draft's lattice walk and lookup proposals, as the C++ runner runs them, called here by the Python
-engine.
+planners (a draft's and lookup's), a DFlash2 draft's lattice walk and lookup proposals, as the C++ runner runs them,
+called here by the Python engine.
 
 Each of those rules is written once, in runner/src/, so both runners make the same choices on the same rounds.
 The alternative, a Python twin for machines without a compiler, doubled every rule and constant and needed a
@@ -51,7 +51,13 @@ SIGNATURES = {  # name: (restype, argtypes), as host_api.cpp declares them
     "dflash_sweep_record": (None, [_ptr, _i64, _i64, _ptr, _i64, ctypes.POINTER(_f64), ctypes.POINTER(_f64)]),
     "dflash_sweep_curve": (_ptr, [_ptr, _text]),
     "dflash_sweep_free": (None, [_ptr]),
-    "dflash_lookup": (_i64, [ctypes.POINTER(_i64), _i64, _i64, ctypes.POINTER(_i64)]),
+    "dflash_lookup": (_i64, [ctypes.POINTER(_i64), _i64, _i64, ctypes.POINTER(_i64), ctypes.POINTER(_i64)]),
+    "dflash_lookup_planner_new": (_ptr, [_ptr, _i64]),
+    "dflash_lookup_planner_verify_count": (_i64, [_ptr, _i64, _i64, _i64]),
+    "dflash_lookup_planner_observe": (None, [_ptr, _i64, _i64]),
+    "dflash_lookup_planner_free": (None, [_ptr]),
+    "dflash_lookup_round": (_i64, [_ptr, _ptr, _i64, _i64, _i64]),
+    "dflash_planner_taken": (None, [_ptr, _i64]),
     "dflash_walk": (None, [_ptr, _ptr, _ptr, _i64, _i64, _i64, _f64, ctypes.c_int, ctypes.c_uint64, _ptr, _ptr, _ptr]),
 }
 
@@ -146,7 +152,8 @@ def planned(auto: bool, greedy: bool) -> bool:
 
 
 class Planner:
-    """A planner of the library behind generate.py's Planner hooks: auto's (`adaptive_planner`) or a cost sweep's."""
+    """A planner of the library behind generate.py's RoundPlanner hooks: auto's (`adaptive_planner`) or a cost
+    sweep's."""
 
     def __init__(self, handle: int):
         self._lib, self._handle = library(), handle
@@ -161,6 +168,10 @@ class Planner:
     def observe(self, verified: int, accepted: int, seconds: float | None = None) -> None:
         """What the target made of the round; `seconds` its wall time (default: the time since `block`)."""
         self._lib.dflash_planner_observe(self._handle, verified, accepted, -1.0 if seconds is None else seconds)
+
+    def taken(self, accepted: int) -> None:
+        """auto's: the round it planned went to lookup proposals, of which the target accepted `accepted`."""
+        self._lib.dflash_planner_taken(self._handle, accepted)
 
     def learned(self) -> tuple[float, float]:
         """auto's (saving, per_call): ms that choosing k saves lately, and what a call costs beyond the curve."""
@@ -222,9 +233,48 @@ def walk(candidates: torch.Tensor, unary: torch.Tensor, pair: torch.Tensor, voca
     return path.tolist(), q if sampled else None, scores
 
 
-def lookup(context: list[int], max_tokens: int) -> list[int]:
-    """Lookup proposals after `context` (runner/host/lookup.h): at most `max_tokens` tokens that followed the latest
-    earlier occurrence of its longest recurring suffix; none where none recurs."""
-    out = (_i64 * max(max_tokens, 0))()
-    n = library().dflash_lookup((_i64 * len(context))(*context), len(context), max_tokens, out)
-    return list(out[:n])
+def lookup(context: list[int], max_tokens: int) -> tuple[list[int], int]:
+    """Lookup proposals after `context` (runner/host/lookup.h): (at most `max_tokens` tokens that followed the latest
+    earlier occurrence of its longest recurring suffix, that suffix's length); ([], 0) where none recurs."""
+    return History(context).lookup(max_tokens)
+
+
+class History:
+    """A generation's tokens (the prompt's, then those emitted), kept where lookup reads them: a round's lookup and
+    its new tokens copy nothing else."""
+
+    def __init__(self, tokens: list[int], room: int = 0):
+        self._ids, self.length = (_i64 * (len(tokens) + room))(*tokens), len(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Appends `tokens` (at most the `room` given, all told)."""
+        self._ids[self.length:self.length + len(tokens)] = tokens
+        self.length += len(tokens)
+
+    def lookup(self, max_tokens: int) -> tuple[list[int], int]:
+        """`lookup` after the tokens so far."""
+        out, ngram = (_i64 * max(max_tokens, 0))(), _i64()
+        n = library().dflash_lookup(self._ids, self.length, max_tokens, out, ctypes.byref(ngram))
+        return list(out[:n]), ngram.value
+
+
+class LookupPlanner:
+    """auto's planner of lookup proposals (runner/host/lookup.h, dflash::LookupPlanner): how many of a round's
+    proposals to verify, by the cost curve and how often proposals after a match of the same length were accepted."""
+
+    def __init__(self, curve: Curve, max_block: int):
+        self._lib = library()
+        self._handle = self._lib.dflash_lookup_planner_new(curve._handle, max_block)
+
+    def verify_count(self, ngram: int, proposed: int, pos: int) -> int:
+        return self._lib.dflash_lookup_planner_verify_count(self._handle, ngram, proposed, pos)
+
+    def observe(self, verified: int, accepted: int) -> None:
+        self._lib.dflash_lookup_planner_observe(self._handle, verified, accepted)
+
+    def take(self, planner: Planner, ngram: int, proposed: int, pos: int) -> int:
+        """auto with a draft: how many of the lookup proposals take the round auto's `planner` planned (0: none)."""
+        return self._lib.dflash_lookup_round(planner._handle, self._handle, ngram, proposed, pos)
+
+    def __del__(self) -> None:
+        self._lib.dflash_lookup_planner_free(self._handle)

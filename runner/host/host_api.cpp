@@ -1,7 +1,7 @@
-// The host library's C API (libdflash_host.so): the cost curve and its measurement, auto's planner, the DFlash2
-// lattice walk and lookup proposals of this directory, for the Python engine (ctypes: dflash_et/runtime/native.py),
-// so that both runners run one implementation of each rule. Handles are opaque; each kind has its _free. A call
-// that can fail writes its one-line reason to (error, error_size) and returns null.
+// The host library's C API (libdflash_host.so): the cost curve and its measurement, auto's planners (a draft's and
+// lookup's), the DFlash2 lattice walk and lookup proposals of this directory, for the Python engine (ctypes:
+// dflash_et/runtime/native.py), so that both runners run one implementation of each rule. Handles are opaque; each
+// kind has its _free. A call that can fail writes its one-line reason to (error, error_size) and returns null.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -133,11 +133,40 @@ void* dflash_sweep_curve(const void* sweep, const char* programs) {
 
 void dflash_sweep_free(void* sweep) { delete static_cast<dflash::CostSweep*>(sweep); }
 
-// Lookup proposals after `context` [length] (lookup.h): writes at most `max_tokens` to `out`; how many it wrote.
-int64_t dflash_lookup(const int64_t* context, int64_t length, int64_t max_tokens, int64_t* out) {
-  const std::vector<int64_t> proposed = dflash::lookup(context, length, max_tokens);
-  std::copy(proposed.begin(), proposed.end(), out);
-  return proposed.size();
+// Lookup proposals after `context` [length] (lookup.h): writes at most `max_tokens` to `out` and the length of the
+// recurring suffix they follow to `ngram`; how many it wrote.
+int64_t dflash_lookup(const int64_t* context, int64_t length, int64_t max_tokens, int64_t* out, int64_t* ngram) {
+  const dflash::Lookup found = dflash::lookup(context, length, max_tokens);
+  std::copy(found.tokens.begin(), found.tokens.end(), out);
+  *ngram = found.ngram;
+  return found.tokens.size();
+}
+
+// auto's planner of lookup proposals (lookup.h) over a copy of `curve`, for blocks of at most `max_block` tokens.
+void* dflash_lookup_planner_new(const void* curve, int64_t max_block) {
+  return new dflash::LookupPlanner(*static_cast<const CostCurve*>(curve), max_block);
+}
+
+int64_t dflash_lookup_planner_verify_count(void* planner, int64_t ngram, int64_t proposed, int64_t pos) {
+  return static_cast<dflash::LookupPlanner*>(planner)->verify_count(ngram, proposed, pos);
+}
+
+void dflash_lookup_planner_observe(void* planner, int64_t verified, int64_t accepted) {
+  static_cast<dflash::LookupPlanner*>(planner)->observe(verified, accepted);
+}
+
+void dflash_lookup_planner_free(void* planner) { delete static_cast<dflash::LookupPlanner*>(planner); }
+
+// auto with a draft and lookup proposals (lookup.h): how many lookup proposals take the round auto's `planner`
+// planned (0: the planner's round goes ahead).
+int64_t dflash_lookup_round(void* planner, void* lookup_planner, int64_t ngram, int64_t proposed, int64_t pos) {
+  return dflash::lookup_round(dynamic_cast<dflash::AdaptivePlanner&>(*static_cast<RoundPlanner*>(planner)),
+                              *static_cast<dflash::LookupPlanner*>(lookup_planner), ngram, proposed, pos);
+}
+
+// The round auto's `planner` planned went to lookup proposals, of which the target accepted `accepted`.
+void dflash_planner_taken(void* planner, int64_t accepted) {
+  dynamic_cast<dflash::AdaptivePlanner&>(*static_cast<RoundPlanner*>(planner)).taken(accepted);
 }
 
 // The path through `lattice` ([positions, k] candidates and unary, [positions, k, k] pair) as a sampler with this

@@ -147,7 +147,13 @@ int64_t AdaptivePlanner::block(int64_t pos, int64_t room) {
     for (int64_t b = 1; b <= std::min(room, max_block_); ++b) cost.push_back(round_ms(pos, b, b - 1));
     block = best_block(band_->openings.total, cost, cost.size() - 1);
   }
-  return block;
+  return planned_ = block;
+}
+
+double AdaptivePlanner::expected_rate() {
+  if (planned_ < 2) return 1.0 / round_ms(pos_, 1, 0);
+  const std::vector<double> mean = (opening_ ? band_->openings : band_->later).mean();
+  return mean[planned_ - 1] / round_ms(pos_, planned_, planned_ - 1);
 }
 
 Band& AdaptivePlanner::band_at(int64_t pos) {

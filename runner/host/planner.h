@@ -120,6 +120,12 @@ class AdaptivePlanner : public RoundPlanner {
   // The round's wall time is the time since block().
   void observe(int64_t verified, int64_t accepted) override;
   void observe(int64_t verified, int64_t accepted, double seconds);
+  // Tokens per ms the round block() chose is expected to give on the curve (its window's mean E; a plain step's
+  // 1 / its cost): what lookup proposals must beat to take the round instead (lookup.h, lookup_round).
+  double expected_rate();
+  // The round block() chose went to lookup proposals instead, of which the target accepted `accepted`: the
+  // generation goes on past them, as after a plain step (no draft call, nothing learned of the draft).
+  void taken(int64_t accepted) { next_pos_ = pos_ + accepted + 1; }
   // What it learned as numbers (ms): what choosing k saves lately, and what a call costs beyond the curve.
   double saving() const { return saving_; }
   double per_call() const { return per_call_; }
@@ -149,7 +155,7 @@ class AdaptivePlanner : public RoundPlanner {
   int64_t rounds_ = 0;
   bool opening_ = false, probing_ = false, rejected_ = false;
   std::vector<double> confidence_, acceptance_;
-  int64_t pos_ = 0, block_ = 1, next_pos_ = 0;
+  int64_t pos_ = 0, block_ = 1, next_pos_ = 0, planned_ = 1;
   double saving_, per_call_ = 0, time_weight_, started_ = 0;
   std::optional<Pending> pending_;
   std::map<int64_t, Costs> costs_;

@@ -193,7 +193,7 @@ Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, 
     const double t1 = now();
     out.tokens.push_back(sampler.next_token(target_->output(0).const_data_ptr<float>(), limits_.vocab_size));
     ++pos;
-    out.rounds.push_back({0, 0, 1, 0.0, t1 - t0, now() - t0, 0});
+    out.rounds.push_back({0, 0, 1, 0.0, t1 - t0, now() - t0, 0, false});
     more = !on_tokens || on_tokens({out.tokens.back()});
   }
   keep(prompt, out, {}, 0, false);
@@ -207,7 +207,7 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
     const bool plan = planned(true, sampler.greedy());
     if (plan && !planner_) planner_ = std::make_unique<AdaptivePlanner>(cost_curve(), limits_.max_block);
     return decode(prompt, max_new_tokens, limits_.max_block, sampler, plan ? planner_.get() : nullptr,
-                  limits_.eos_ids, on_tokens);
+                  limits_.eos_ids, on_tokens, true, plan ? &lookup_planner() : nullptr);
   }
   check_block(block);
   return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids, on_tokens);
@@ -216,8 +216,18 @@ Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_toke
 Generation Pair::lookup(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                         const OnTokens& on_tokens) {
   check(prompt, max_new_tokens);
+  if (block == kAuto) {
+    const bool plan = planned(true, sampler.greedy());
+    return decode(prompt, max_new_tokens, limits_.max_block, sampler, nullptr, limits_.eos_ids, on_tokens, false,
+                  plan ? &lookup_planner() : nullptr);
+  }
   check_block(block);
   return decode(prompt, max_new_tokens, block, sampler, nullptr, limits_.eos_ids, on_tokens, false);
+}
+
+LookupPlanner& Pair::lookup_planner() {
+  if (!lookup_planner_) lookup_planner_ = std::make_unique<LookupPlanner>(cost_curve(), limits_.max_block);
+  return *lookup_planner_;
 }
 
 void Pair::check_block(int64_t block) const {
@@ -230,7 +240,7 @@ void Pair::check_block(int64_t block) const {
 
 Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                         RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens,
-                        bool drafted) {
+                        bool drafted, LookupPlanner* lookup_planner) {
   Generation out;
   std::vector<float> unseen;  // target taps the draft has not been fed, from unseen_start
   const int64_t start = reusable(prompt, drafted, out);
@@ -255,13 +265,25 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     std::vector<int64_t> proposals;
     double draft_s = 0;
     int64_t drafted_count = b - 1;
-    if (b >= 2 && !drafted) {  // lookup proposals: point masses, verified as argmax proposals (q empty)
+    bool looked_up = !drafted;  // lookup proposals: point masses, verified as argmax proposals (q empty)
+    if (room >= 2 && (looked_up || lookup_planner)) {
       history.assign(prompt.begin(), prompt.end());
       history.insert(history.end(), out.tokens.begin(), out.tokens.end());
-      proposals = dflash::lookup(history.data(), history.size(), b - 1);
-      q.clear();
-      drafted_count = proposals.size();
-    } else if (b >= 2) {  // a block of one is a plain target step: the unseen taps wait for the next round
+      const Lookup found = dflash::lookup(history.data(), history.size(), room - 1);
+      int64_t count = found.tokens.size();
+      if (!looked_up && count) {  // auto with the draft: lookup takes the round where it pays more
+        count = lookup_round(dynamic_cast<AdaptivePlanner&>(*planner), *lookup_planner, found.ngram, count, pos);
+        looked_up = count > 0;
+      } else if (lookup_planner && count) {
+        count = lookup_planner->verify_count(found.ngram, count, pos);
+      }
+      if (looked_up) {
+        proposals.assign(found.tokens.begin(), found.tokens.begin() + count);
+        q.clear();
+        drafted_count = found.tokens.size();
+      }
+    }
+    if (b >= 2 && !looked_up) {  // a block of one is a plain target step: the unseen taps wait for the next round
       block_ids.assign(b, limits_.mask_token_id);
       block_ids[0] = last;
       if (limits_.context_window) {  // taps the windowed draft would never read stay out (generate_dflash)
@@ -301,7 +323,12 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     const double verify_s = now() - t1;
     const auto [accepted, following] =
         sampler.verify(proposals, q, target_->output(0).const_data_ptr<float>(), limits_.vocab_size);
-    if (planner) planner->observe(proposals.size(), accepted);
+    if (looked_up) {
+      if (lookup_planner) lookup_planner->observe(proposals.size(), accepted);
+      if (planner) dynamic_cast<AdaptivePlanner&>(*planner).taken(accepted);
+    } else if (planner) {
+      planner->observe(proposals.size(), accepted);
+    }
     std::vector<int64_t> emitted(proposals.begin(), proposals.begin() + accepted);
     emitted.push_back(following);
     for (size_t i = 0; i < emitted.size(); ++i) {
@@ -315,7 +342,7 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     if (drafted) keep_taps(unseen, accepted + 1);  // of `last` and the accepted proposals
     pos += accepted + 1;
     out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),
-                          draft_s, verify_s, now() - t0, drafted_count});
+                          draft_s, verify_s, now() - t0, drafted_count, looked_up});
     if (on_tokens && !on_tokens(emitted)) done = true;
   }
   keep(prompt, out, std::move(unseen), unseen_start, drafted);
@@ -326,7 +353,6 @@ Generation generate(Pair& pair, const std::string& mode, int64_t block, int64_t 
                     const std::vector<int64_t>& prompt, Sampler& sampler, const OnTokens& on_tokens) {
   if (mode == "ar") return pair.ar(prompt, max_new_tokens, sampler, on_tokens);
   if (mode != "dflash" && mode != "lookup") throw UserError("mode must be ar, dflash or lookup, got '" + mode + "'");
-  if (block == kAuto && mode == "lookup") throw UserError("lookup proposals take a fixed block size, not auto");
   block = block ? block : pair.limits().max_block;
   if (mode == "lookup") return pair.lookup(prompt, max_new_tokens, block, sampler, on_tokens);
   return pair.dflash(prompt, max_new_tokens, block, sampler, on_tokens);

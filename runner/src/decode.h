@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lookup.h"
 #include "planner.h"
 #include "programs.h"
 #include "sampling.h"
@@ -31,6 +32,7 @@ struct Round {
   int64_t verified, accepted, emitted;
   double draft_s, verify_s, total_s;
   int64_t drafted;
+  bool looked_up;  // its proposals were lookup's (without a draft, or taken from it: auto)
 };
 
 struct Generation {
@@ -63,7 +65,8 @@ class Pair {
   Generation dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     const OnTokens& on_tokens = nullptr);
   // Lookup proposals (lookup.h) in blocks of at most `block` (as dflash's), target.pte alone: generate_dflash
-  // without a draft.
+  // without a draft; kAuto: greedy, the lookup planner's choice of them to verify (learning across generations),
+  // sampled, the largest block.
   Generation lookup(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     const OnTokens& on_tokens = nullptr);
 
@@ -82,11 +85,13 @@ class Pair {
  private:
   void check(const std::vector<int64_t>& prompt, int64_t max_new_tokens) const;
   void check_block(int64_t block) const;  // a fixed block: 2..the largest the programs were exported for
+  LookupPlanner& lookup_planner();  // greedy auto's of lookup proposals, made on first use
   // The DFlash loop (generate_dflash): blocks of `block`, or the planner's of at most `block`; it stops at `eos`
-  // and hands each step's new tokens to `on_tokens`. Not `drafted`: lookup proposals, the draft untouched.
+  // and hands each step's new tokens to `on_tokens`. Not `drafted`: lookup proposals, the draft untouched, of which
+  // `lookup_planner` (if any) chooses those to verify.
   Generation decode(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block, Sampler& sampler,
                     RoundPlanner* planner, const std::set<int64_t>& eos, const OnTokens& on_tokens = nullptr,
-                    bool drafted = true);
+                    bool drafted = true, LookupPlanner* lookup_planner = nullptr);
   // cost_curve.measure_cost_curve: decoding rounds of every block timed at the start, middle and end of the cache.
   CostCurve measure_cost_curve(int64_t repeats);
   // Runs the prompt from position `start` through the target in chunks; returns the first token and appends the
@@ -112,6 +117,7 @@ class Pair {
   std::string identity_;  // which programs these are, for a cost curve measured on them (Engine.identity)
   std::optional<CostCurve> curve_;
   std::unique_ptr<AdaptivePlanner> planner_;  // greedy auto's, made on first use
+  std::unique_ptr<LookupPlanner> lookup_planner_;
   struct Resident {
     std::vector<int64_t> tokens;  // in the target's cache at positions 0..
     std::vector<float> unseen;    // taps of positions unseen_start.. the draft's cache lacks
@@ -123,7 +129,7 @@ class Pair {
 };
 
 // One generation by the mode's name, as the runner's flags and the worker's requests give it: "ar", "dflash" (block
-// 0: the largest the draft takes; kAuto: auto) or "lookup" (a fixed block).
+// 0: the largest the draft takes; kAuto: auto) or "lookup" (the same blocks).
 Generation generate(Pair& pair, const std::string& mode, int64_t block, int64_t max_new_tokens,
                     const std::vector<int64_t>& prompt, Sampler& sampler, const OnTokens& on_tokens = nullptr);
 

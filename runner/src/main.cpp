@@ -3,11 +3,11 @@
 //   dflash_runner --programs DIR (--prompt TEXT | --prompt-ids 1,2,3) [--ar | --lookup] [--block-size B|auto]
 //                 [--max-new-tokens N] [--json] [--threads N] [--temperature T [--top-p P] [--top-k K]
 //                 [--proposals argmax|sample] [--seed S]] [--cost-curve FILE]
-//                 (--lookup: lookup proposals, lookup.h, in place of the draft's; a fixed block)
+//                 (--lookup: lookup proposals, lookup.h, in place of the draft's; auto: those that pay)
 //   dflash_runner --programs DIR --prompt TEXT --tokenize   prints the prompt's ids and exits (loads no program)
-//   dflash_runner --programs DIR --worker [--ar | --block-size B|auto] [--ids]   a model worker for ExecuTorch's
-//                                            llm_server (`dflash serve`; worker.h): auto unless told otherwise;
-//                                            --ids: ids in and out, no tokenizer (protocol.h: dflash-et's engine)
+//   dflash_runner --programs DIR --worker [--ar | --lookup] [--block-size B|auto] [--ids]
+//                 a model worker for ExecuTorch's llm_server (`dflash serve`; worker.h): auto unless told otherwise;
+//                 --ids: ids in and out, no tokenizer (protocol.h: dflash-et's engine)
 //
 // auto's cost curve comes from --cost-curve (the bench's reports/cost_curve.json for these programs), or is
 // measured when auto first needs it.
@@ -66,7 +66,7 @@ struct Args {
   std::cerr << "error: " << why << "\nusage: dflash_runner --programs DIR ((--prompt TEXT | --prompt-ids 1,2,3) "
                "[--ar | --lookup] [--block-size B|auto] [--max-new-tokens N] [--json] [--threads N] [--temperature T] "
                "[--top-p P] [--top-k K] [--proposals argmax|sample] [--seed S] | --prompt TEXT --tokenize | "
-               "--worker [--ids]) "
+               "--worker [--ar | --lookup] [--block-size B|auto] [--ids]) "
                "[--cost-curve FILE]\n";
   std::exit(2);
 }
@@ -111,7 +111,6 @@ Args parse_args(int argc, char** argv) {
   if (prompts + args.worker != 1) usage("give --prompt or --prompt-ids, or --worker to read requests from stdin");
   if (args.ids && !args.worker) usage("--ids is a worker's (--worker --ids)");
   if (args.tokenize && !args.text) usage("--tokenize prints the ids of a --prompt");
-  if (args.worker && args.mode == "lookup") usage("--worker decodes with the draft or plainly (--ar), not --lookup");
   if (args.threads < 0) usage("--threads must be at least 1 (0: one per core)");
   return args;
 }
@@ -151,9 +150,9 @@ int main(int argc, char** argv) {
     if (args.worker) {
       const int64_t block = args.block ? args.block : dflash::kAuto;
       if (text) {
-        dflash::run_worker(pair, *text, args.mode == "ar", block);
+        dflash::run_worker(pair, *text, args.mode, block);
       } else {
-        dflash::run_ids_worker(pair, args.mode == "ar", block);
+        dflash::run_ids_worker(pair, args.mode, block);
       }
       return 0;
     }

@@ -11,8 +11,8 @@ void send(const json& message) {
   std::cout << message.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
 }
 
-Decoding decoding(const json& request, bool ar, int64_t block, bool seed_as_given) {
-  Decoding d{field<std::string>(request, "mode", ar ? "ar" : "dflash"), block, {}};
+Decoding decoding(const json& request, const std::string& mode, int64_t block, bool seed_as_given) {
+  Decoding d{field<std::string>(request, "mode", mode), block, {}};
   for (const char* name : {"temperature", "top_p", "top_k", "proposals"}) {
     if (request.contains(name) && !request[name].is_null()) {
       set(d.sampling, name, request[name].is_string() ? request[name].get<std::string>() : request[name].dump());
@@ -101,7 +101,7 @@ void serve_requests(Pair& pair, const std::function<void(const std::string&, con
   }
 }
 
-void run_ids_worker(Pair& pair, bool ar, int64_t block) {
+void run_ids_worker(Pair& pair, const std::string& mode, int64_t block) {
   send(ready_fields(pair));
   const auto op = [](const std::string& name, const json&) {
     throw RequestError("unknown op '" + name + "'; this worker (--ids) answers cost_curve (sessions are the text "
@@ -115,7 +115,7 @@ void run_ids_worker(Pair& pair, bool ar, int64_t block) {
     }
     const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
     const int64_t max_new = asked == -1 ? pair.limits().max_context_len - static_cast<int64_t>(ids.size()) : asked;
-    Decoding d = decoding(request, ar, block, /*seed_as_given=*/true);
+    Decoding d = decoding(request, mode, block, /*seed_as_given=*/true);
     Sampler sampler(d.sampling);
     const OnTokens stream = [](const std::vector<int64_t>& tokens) {
       send({{"ids", tokens}});

@@ -13,8 +13,8 @@
 //                                        round's figures, the peak memory)
 //   {"op": "cost_curve", "repeats": N} -> {"cost_curve": {...}}: auto's (the one given, or measured now, once)
 //   anything wrong                    -> {"error": MESSAGE, "code": CODE}, and the worker reads the next line
-// A request that names no mode or block takes the worker's (--ar, --block-size); a seed is taken as given. Each
-// request runs its prompt whole (the engine times prefills).
+// A request that names no mode or block takes the worker's (--ar, --lookup, --block-size); a seed is taken as given.
+// Each request runs its prompt whole (the engine times prefills).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +52,7 @@ T field(const json& request, const char* name, T otherwise) {
   }
 }
 
-// What a generate request decodes with: its mode and block (the worker's, `ar` and `block`, unless it names them)
+// What a generate request decodes with: its mode and block (the worker's, `mode` and `block`, unless it names them)
 // and its sampling settings, checked as the runner's flags are. Without `seed_as_given`, a seed of 0 (the
 // OpenAI server's "none") or none at all is a new draw each request.
 struct Decoding {
@@ -60,7 +60,7 @@ struct Decoding {
   int64_t block;
   Sampling sampling;
 };
-Decoding decoding(const json& request, bool ar, int64_t block, bool seed_as_given);
+Decoding decoding(const json& request, const std::string& mode, int64_t block, bool seed_as_given);
 
 // The prompt of a generate request: `prompt` (text) or `prompt_segments` of text and ids, in order. `text` null:
 // ids only.
@@ -76,6 +76,6 @@ void serve_requests(Pair& pair, const std::function<void(const std::string&, con
                     const std::function<void(const json&)>& generate);
 
 // The --ids worker: serves the requests above until stdin ends.
-void run_ids_worker(Pair& pair, bool ar, int64_t block);
+void run_ids_worker(Pair& pair, const std::string& mode, int64_t block);
 
 }  // namespace dflash

@@ -74,7 +74,7 @@ nlohmann::json record(const Generation& g) {
   for (const Round& r : g.rounds) {
     rounds.push_back({{"verified", r.verified}, {"accepted", r.accepted}, {"emitted", r.emitted},
                       {"draft_s", r.draft_s}, {"verify_s", r.verify_s}, {"total_s", r.total_s},
-                      {"drafted", r.drafted}});
+                      {"drafted", r.drafted}, {"looked_up", r.looked_up}});
   }
   return {{"tokens", g.tokens}, {"prefill_s", g.prefill_s}, {"rounds", rounds}, {"peak_rss_kb", peak_rss_kb()}};
 }

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "protocol.h"
@@ -58,12 +59,13 @@ class Control {
 
 class Worker {
  public:
-  Worker(Pair& pair, const Text& text, bool ar, int64_t block) : pair_(pair), text_(text), ar_(ar), block_(block) {
+  Worker(Pair& pair, const Text& text, std::string mode, int64_t block)
+      : pair_(pair), text_(text), mode_(std::move(mode)), block_(block) {
     pair_.keep_resident();
   }
 
   void serve() {
-    if (!ar_ && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
+    if (mode_ != "ar" && block_ == kAuto) pair_.cost_curve();  // before the first request, which would wait for it
     json ready = ready_fields(pair_);
     ready.update({{"max_named_sessions", kMaxSessions}, {"supports_cancel", control_.supported()}});
     send(ready);
@@ -125,7 +127,7 @@ class Worker {
     }
     const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
     const int64_t max_new = std::min(asked > 0 ? asked : context, context - prompt_tokens);
-    Decoding d = decoding(request, ar_, block_, /*seed_as_given=*/false);
+    Decoding d = decoding(request, mode_, block_, /*seed_as_given=*/false);
     const auto stops = field<std::vector<std::string>>(request, "stop", {});
 
     Sampler sampler(d.sampling);
@@ -193,7 +195,7 @@ class Worker {
 
   Pair& pair_;
   const Text& text_;
-  const bool ar_;
+  const std::string mode_;
   const int64_t block_;
   Control control_;
   std::list<std::string> recent_;  // the named sessions, most recently used first
@@ -203,6 +205,8 @@ class Worker {
 
 }  // namespace
 
-void run_worker(Pair& pair, const Text& text, bool ar, int64_t block) { Worker(pair, text, ar, block).serve(); }
+void run_worker(Pair& pair, const Text& text, const std::string& mode, int64_t block) {
+  Worker(pair, text, mode, block).serve();
+}
 
 }  // namespace dflash

@@ -20,14 +20,15 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "decode.h"
 #include "text.h"
 
 namespace dflash {
 
-// Serves requests until stdin ends: plain decoding (`ar`), or DFlash with blocks of `block` (kAuto: auto), unless a
-// request says otherwise.
-void run_worker(Pair& pair, const Text& text, bool ar, int64_t block);
+// Serves requests until stdin ends with `mode` (dflash::generate's: ar, dflash or lookup) at blocks of `block` (kAuto:
+// auto), unless a request says otherwise.
+void run_worker(Pair& pair, const Text& text, const std::string& mode, int64_t block);
 
 }  // namespace dflash

@@ -4,13 +4,15 @@ block tau in one batched pass, the warm start, bf16 where the CPU has it, and ru
 import copy
 import json
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from dflash_et.checkpoints import zlab
 from dflash_et.checkpoints.pair import load_pair
+from dflash_et.files import write_json
 from dflash_et.models.draft import reduce_head
 from dflash_et.training import collect
 from dflash_et.training import config as training_config
@@ -250,6 +252,35 @@ def test_a_damaged_or_foreign_state_is_one_line_and_nothing_is_written(tmp_path)
     assert state.load(good, replace(config, minutes=5.0, steps=9000, precision="fp32"), "fp").progress.step == 3
 
 
+def test_a_clone_without_the_trainer_goes_on_from_the_campaigns_draft(tmp_path):
+    """Git keeps a campaign's replies and state.json but not state.safetensors: a clone goes on from the draft the
+    campaign wrote (its best weights, at their step), or, with none of this campaign's, from new weights."""
+    config = TrainConfig()
+    curve = [{"step": 0, "rows": 0}, {"step": 20, "rows": 600}, {"step": 30, "rows": 900}]
+    progress = state.Progress(step=30, rows=900, losses=[5.0, 4.0], curve=curve, tau_untrained=1.0,
+                              best={"step": 20, "block_tau": 1.3, "heldout_tau": 1.2}, counts={"set": 1})
+    state.save(tmp_path / "state", config, "fp", state.Saved([([1, 2, 3], 1)], [], progress, {"x": torch.zeros(2)}))
+    (tmp_path / "state" / "state.safetensors").unlink()
+    fresh = state.load(tmp_path / "state", config, "fp", tmp_path / "no-draft")
+    assert fresh.tensors == {} and fresh.train == [([1, 2, 3], 1)] and fresh.progress.counts == {"set": 1}
+    p = fresh.progress
+    assert (p.step, p.rows, p.losses, p.curve, p.best, p.tau_untrained) == (0, 0, [], [], None, None)
+    draft = tmp_path / "draft"
+    zlab.save_draft(draft, {}, {"fc.weight": torch.full((2, 2), 0.5, dtype=torch.bfloat16),
+                                "lm_head.weight": torch.zeros(1)})
+    card = {"target_checkpoint_id": "fp", "draft_step": 20, "heldout_block_tau": 1.3, "heldout_tau": 1.2,
+            "config": asdict(config)}
+    write_json(draft / "train_draft.json", card)
+    went_on = state.load(tmp_path / "state", config, "fp", draft)
+    p = went_on.progress
+    assert (p.step, p.rows, p.curve, p.best) == (20, 600, curve[:2], {"step": 20, "block_tau": 1.3, "heldout_tau": 1.2})
+    assert set(went_on.tensors) == {"draft.fc.weight", "best.fc.weight"}
+    assert all(t.dtype == torch.float32 and bool((t == 0.5).all()) for t in went_on.tensors.values())
+    for other in ({"target_checkpoint_id": "other"}, {"config": asdict(replace(config, num_layers=3))}):
+        write_json(draft / "train_draft.json", card | other)
+        assert state.load(tmp_path / "state", config, "fp", draft).tensors == {}
+
+
 @pytest.mark.slow
 def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path):
     """`dflash train-draft ... --resume DIR` thrice: the second run continues at the first one's step with its
@@ -294,6 +325,12 @@ def test_train_draft_resumes_its_campaign_from_the_folder(trained_pair, tmp_path
     card = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
     assert sequences() == had + grown + 2 and card["data"]["prompts"]["set"] == 8
     assert "2 new prompts and replies beside the" in third.stdout
+    (tmp_path / "state" / "state.safetensors").unlink()  # a clone: its draft's weights go on, at their step
+    card = json.loads((tmp_path / "draft" / "train_draft.json").read_text())
+    fourth = train(14, card["data"]["prompts"]["synthetic"], tmp_path / "draft", asked=8)
+    assert fourth.returncode == 0, fourth.stderr[-2000:]
+    assert f"resuming {tmp_path / 'state'} at step {card['draft_step']} of 14" in fourth.stdout
+    assert json.loads((tmp_path / "draft" / "train_draft.json").read_text())["steps"] == 14
     (tmp_path / "state" / "state.safetensors").write_bytes(b"garbage")
     third = train(14, card["data"]["prompts"]["synthetic"], tmp_path / "draft2", asked=8)
     assert third.returncode != 0 and not (tmp_path / "draft2").exists()

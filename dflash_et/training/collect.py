@@ -105,6 +105,9 @@ def collect(config: TrainConfig, saved: state.Saved | None, state_dir: Path | No
                             state.trainer_tensors(draft, None, sampler(config)))
         had = 0
     else:
+        if not saved.tensors:  # a clone with no draft of the campaign: new weights on the state's replies
+            saved.tensors = state.trainer_tensors(draft, None, sampler(config))
+            log(f"[train_draft] {state_dir} has no state.safetensors and no draft of it is at hand: new weights")
         log(f"[train_draft] resuming {state_dir} at step {saved.progress.step} of {config.steps} "
             f"({len(saved.train)} sequences)")
         had = len(saved.train)

@@ -75,7 +75,8 @@ def train_outside(target: str, out: Path, config: TrainConfig, command: str, dty
             train_draft(target_dir, Path(scratch) / "draft", config)
             return
         with staged_dir(out) as tmp:
-            card = train_draft(target_dir, tmp, config, live_dir=Path(scratch) / "dvclive", state_dir=state_dir)
+            card = train_draft(target_dir, tmp, config, live_dir=Path(scratch) / "dvclive", state_dir=state_dir,
+                               last_draft=out)
             card["timings"]["seconds"] = {"fetching target": round(fetched, 2), **card["timings"]["seconds"],
                                           "total": round(time.perf_counter() - started, 2)}
             card["versions"] = {"python": sys.version.split()[0], **{

@@ -10,6 +10,10 @@ last complete state):
   (`best.<name>`: a campaign that trains past what its data carry ships its best draft, not its last).
 - `state.json`: the step, block rows, losses, curve, each session's host, dtype and rates, the prompts' counts, the
   target's fingerprint and the settings that shape the run (`FIXED`).
+
+Git keeps replies.npz and state.json; state.safetensors (93 MB) stays in the working copy that trained. A clone
+without it goes on from the draft the campaign wrote (its best weights, which ship in drafts/), with fresh AdamW
+moments, or, where there is none, from new weights on the same replies (`_without_trainer`).
 """
 
 import json
@@ -23,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from dflash_et.checkpoints.zlab import draft_weight_names
 from dflash_et.files import staged_dir, write_json
 from dflash_et.training.config import TrainConfig
 
@@ -65,14 +70,15 @@ def refuse(state_dir: Path, why: str) -> ValueError:
                       "empty folder to start a run there")
 
 
-def load(state_dir: Path, config: TrainConfig, target_id: str) -> Saved | None:
+def load(state_dir: Path, config: TrainConfig, target_id: str, draft_dir: Path | None = None) -> Saved | None:
     """The state in `state_dir`, or None where there is none yet (a missing or empty folder: a new run starts).
     A damaged state, one of another target, or one trained with other settings than `config` (beyond
-    `CHANGEABLE`) is refused in one line, before anything is written."""
+    `CHANGEABLE`) is refused in one line, before anything is written. Without its state.safetensors (a clone), the
+    weights come from the campaign's draft in `draft_dir` (`_without_trainer`)."""
     if not state_dir.exists() or (state_dir.is_dir() and not any(state_dir.iterdir())):
         return None
     missing = [name for name in FILES if not (state_dir / name).is_file()]
-    if missing:
+    if missing and missing != ["state.safetensors"]:
         raise refuse(state_dir, f"{missing[0]} is missing, so this is not a training run's state")
     try:
         meta = json.loads((state_dir / "state.json").read_text())
@@ -80,7 +86,7 @@ def load(state_dir: Path, config: TrainConfig, target_id: str) -> Saved | None:
         settings, saved_target = meta["settings"], meta["target_checkpoint_id"]
         with np.load(state_dir / "replies.npz") as arrays:
             train, heldout = _sequences(arrays, "train"), _sequences(arrays, "heldout")
-        tensors = load_file(state_dir / "state.safetensors")
+        tensors = None if missing else load_file(state_dir / "state.safetensors")
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
         raise refuse(state_dir, f"its state is damaged ({type(e).__name__}: {str(e)[:80]})") from None
     if saved_target != target_id:
@@ -91,7 +97,32 @@ def load(state_dir: Path, config: TrainConfig, target_id: str) -> Saved | None:
         if key not in CHANGEABLE and ours.get(key) != value:
             raise refuse(state_dir, f"it was trained with train_draft.{key}={value!r}, not {ours.get(key)!r} (pass "
                                     f"--set {key}={json.dumps(value)} to continue it)")
+    if tensors is None:
+        tensors = _without_trainer(progress, settings, target_id, draft_dir)
     return Saved(train, heldout, progress, tensors)
+
+
+def _without_trainer(progress: Progress, settings: dict, target_id: str, draft_dir: Path | None
+                     ) -> dict[str, torch.Tensor]:
+    """The tensors of a state whose state.safetensors another working copy kept: the weights of the draft the
+    campaign wrote to `draft_dir` (its card names this target and the same `FIXED` settings), as both the weights
+    to train on and the best so far, `progress` set back to that draft's step; else none, and `progress` back to a
+    new run's on the same replies (its sessions and prompt counts kept)."""
+    card_file = draft_dir / "train_draft.json" if draft_dir is not None else None
+    card = json.loads(card_file.read_text()) if card_file is not None and card_file.is_file() else {}
+    same = all(card.get("config", {}).get(k) == v for k, v in settings.items() if k not in CHANGEABLE)
+    if card.get("target_checkpoint_id") == target_id and "draft_step" in card and same \
+            and (draft_dir / "model.safetensors").is_file():
+        weights = draft_weight_names(load_file(draft_dir / "model.safetensors"))
+        progress.step = card["draft_step"]
+        progress.curve = [p for p in progress.curve if p["step"] <= progress.step]
+        progress.rows = progress.curve[-1]["rows"] if progress.curve else 0
+        progress.best = {"step": progress.step, "block_tau": card["heldout_block_tau"],
+                         "heldout_tau": card["heldout_tau"]}
+        return {f"{kind}.{name}": w.float() for name, w in weights.items() for kind in ("draft", "best")}
+    progress.step, progress.rows, progress.losses, progress.curve = 0, 0, [], []
+    progress.tau_untrained, progress.eval_seconds, progress.best = None, 0.0, None
+    return {}
 
 
 def save(state_dir: Path, config: TrainConfig, target_id: str, saved: Saved) -> None:
@@ -131,7 +162,8 @@ def trainer_tensors(trainee: torch.nn.Module, opt: torch.optim.Optimizer | None,
 def restore(tensors: dict[str, torch.Tensor], trainee: torch.nn.Module, opt: torch.optim.Optimizer,
             gen: torch.Generator) -> None:
     """Put `trainer_tensors`' output back into a freshly built draft, its optimizer and generator."""
-    gen.set_state(tensors["generator"])
+    if "generator" in tensors:  # none in weights taken from a draft (_without_trainer): the sampler starts anew
+        gen.set_state(tensors["generator"])
     copy_into(trainee, tensors, "draft.")
     for name, p in trainable(trainee):
         moments = {key: tensors[f"{key}.{name}"].to(p.device) for key in ("step", "exp_avg", "exp_avg_sq")

@@ -152,7 +152,7 @@ def _check_mask_token(target_dir: Path, mask: int | None, vocab_size: int) -> No
 
 @all_cores()
 def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print, live_dir: Path | None = None,
-                state_dir: Path | None = None) -> dict:
+                state_dir: Path | None = None, last_draft: Path | None = None) -> dict:
     """Train a draft for the target in `target_dir`; write it to `out_dir` in z-lab's layout, with its card
     `train_draft.json` (data counts, steps, loss and held-out tau against rows trained, the target's fingerprint:
     nothing that changes from run to run, since the pipeline's draft directory is a dependency). DVCLive, where
@@ -160,7 +160,9 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print,
     reports/train_draft). Under torchrun every rank writes the same draft to its `out_dir`. Returns the card plus
     `timings` (seconds per phase, throughput, device), which `dflash train-draft` adds to its own card.
     `state_dir`: a campaign's state (training.state), continued when it holds one and written every
-    `save_minutes` and at the end; the card then also lists each session's host, dtype and rates."""
+    `save_minutes` and at the end; the card then also lists each session's host, dtype and rates. `last_draft`
+    (default `out_dir`): where the campaign wrote its draft before, whose weights go on where `state_dir` lacks its
+    own (a clone: training.state)."""
     device = training_device(config)  # a device that is not there is refused before anything runs
     compute_dtype(config, device)
     check_settings(config)
@@ -171,7 +173,7 @@ def train_draft(target_dir: Path, out_dir: Path, config: TrainConfig, log=print,
         rank = torch.distributed.get_rank()
     try:
         return _train(target_dir, out_dir, config, device, rank, distributed, log, live_dir or out_dir / "dvclive",
-                      state_dir)
+                      state_dir, last_draft or out_dir)
     finally:
         if distributed:
             torch.distributed.destroy_process_group()
@@ -193,13 +195,13 @@ def _card(config: TrainConfig, target_dir: Path, data: list[Sequence], mask_id: 
 
 
 def _train(target_dir: Path, out_dir: Path, config: TrainConfig, device: torch.device, rank: int, distributed: bool,
-           log, live_dir: Path, state_dir: Path | None) -> dict:
+           log, live_dir: Path, state_dir: Path | None, last_draft: Path) -> dict:
     clock = Clock(config.minutes)
     torch.manual_seed(config.seed)
     target_id = checkpoint_id(target_dir)
     if state_dir is not None and distributed:
         raise ValueError("--resume trains on one process; run it without torchrun")
-    saved = state.load(state_dir, config, target_id) if state_dir is not None else None
+    saved = state.load(state_dir, config, target_id, last_draft) if state_dir is not None else None
     dtype = compute_dtype(config, device)
     layers = zlab.default_target_layer_ids(load_config(target_dir).num_hidden_layers, config.num_layers)
     target = load_target(target_dir, layers, config.max_seq_len)

@@ -252,7 +252,13 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
   out.tokens.push_back(prefill(prompt, start, drafted ? &unseen : nullptr, out.prefill_s, sampler));
   int64_t pos = prompt.size();  // position of out.tokens.back(), not yet written to the cache
   bool done = eos.count(out.tokens.back()) > 0 || (on_tokens && !on_tokens({out.tokens.back()}));
-  std::vector<int64_t> block_ids, context, history;  // history: the prompt and the tokens so far, for lookup
+  std::vector<int64_t> block_ids, context;
+  const bool lookups = !drafted || lookup_planner;
+  std::vector<int64_t> history;  // the prompt and the tokens so far, grown as they come: what lookup searches
+  if (lookups) {
+    history.assign(prompt.begin(), prompt.end());
+    history.insert(history.end(), out.tokens.begin(), out.tokens.end());
+  }
   std::vector<float> q;       // the distributions sampled proposals were drawn from
   std::vector<float> scores;  // a DFlash2 draft's: the scores its path was chosen from [b - 1, top-k]
   while (!done) {
@@ -266,9 +272,7 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
     double draft_s = 0;
     int64_t drafted_count = b - 1;
     bool looked_up = !drafted;  // lookup proposals: point masses, verified as argmax proposals (q empty)
-    if (room >= 2 && (looked_up || lookup_planner)) {
-      history.assign(prompt.begin(), prompt.end());
-      history.insert(history.end(), out.tokens.begin(), out.tokens.end());
+    if (room >= 2 && lookups) {
       const Lookup found = dflash::lookup(history.data(), history.size(), room - 1);
       int64_t count = found.tokens.size();
       if (!looked_up && count) {  // auto with the draft: lookup takes the round where it pays more
@@ -339,6 +343,7 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
       }
     }
     out.tokens.insert(out.tokens.end(), emitted.begin(), emitted.end());
+    if (lookups) history.insert(history.end(), emitted.begin(), emitted.end());
     if (drafted) keep_taps(unseen, accepted + 1);  // of `last` and the accepted proposals
     pos += accepted + 1;
     out.rounds.push_back({static_cast<int64_t>(proposals.size()), accepted, static_cast<int64_t>(emitted.size()),

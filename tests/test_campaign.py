@@ -279,6 +279,11 @@ def test_a_clone_without_the_trainer_goes_on_from_the_campaigns_draft(tmp_path):
     for other in ({"target_checkpoint_id": "other"}, {"config": asdict(replace(config, num_layers=3))}):
         write_json(draft / "train_draft.json", card | other)
         assert state.load(tmp_path / "state", config, "fp", draft).tensors == {}
+    write_json(draft / "train_draft.json", card)
+    (draft / "model.safetensors").write_bytes(b"\x10\x00")  # a damaged draft is one line, not a traceback
+    with pytest.raises(ValueError, match="the campaign's draft it would go on from, is damaged") as e:
+        state.load(tmp_path / "state", config, "fp", draft)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.slow

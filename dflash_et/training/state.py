@@ -113,7 +113,12 @@ def _without_trainer(progress: Progress, settings: dict, target_id: str, draft_d
     same = all(card.get("config", {}).get(k) == v for k, v in settings.items() if k not in CHANGEABLE)
     if card.get("target_checkpoint_id") == target_id and "draft_step" in card and same \
             and (draft_dir / "model.safetensors").is_file():
-        weights = draft_weight_names(load_file(draft_dir / "model.safetensors"))
+        try:
+            weights = draft_weight_names(load_file(draft_dir / "model.safetensors"))
+        except (OSError, SafetensorError) as e:
+            raise ValueError(f"--resume: {draft_dir / 'model.safetensors'}, the campaign's draft it would go on from, "
+                             f"is damaged ({type(e).__name__}); restore it from git, or move it away to start from "
+                             "new weights") from None
         progress.step = card["draft_step"]
         progress.curve = [p for p in progress.curve if p["step"] <= progress.step]
         progress.rows = progress.curve[-1]["rows"] if progress.curve else 0

@@ -78,6 +78,8 @@ class TargetMeta(Metadata):
     top_k: int | None = None
     recurrent_state: bool = False       # a hybrid target: calls go forward only (models.deltanet)
     verify_rows: int | None = None      # ... and one kept in part keeps at most this many of its tokens
+    max_block_len: int | None = None    # a target exported without a draft (model.draft: none): its longest verify,
+                                        # lookup proposals' block (with a draft, the draft's record says it)
 
     # upstream's DFlash driver (backends/mlx/examples/llm/runtime_meta.py) reads the cache length and its
     # prefill chunk (the most tokens a call takes) by these names

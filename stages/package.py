@@ -4,6 +4,7 @@ are shared; the tokenizer) and, with export.gguf, the target and the draft as GG
 
 from pathlib import Path
 
+from dflash_et.checkpoints.load import has_draft
 from dflash_et.errors import ExportError
 from dflash_et.export.package import package
 from dflash_et.files import staged_dir
@@ -19,7 +20,8 @@ def main(argv: list[str]) -> None:
         if params()["export"].get("gguf"):
             config = summary["config"]
             try:
-                files = gguf_pair(target_dir, draft_dir, tmp, config["quantize"], config["dtype"])
+                files = gguf_pair(target_dir, draft_dir if has_draft(draft_dir) else None, tmp, config["quantize"],
+                                  config["dtype"])
             except Refused as e:
                 raise ExportError(f"export.gguf: llama.cpp does not take this checkpoint ({e}); set export.gguf=false")
             print(f"[package] for llama.cpp: {', '.join(p.name for p in files.values())}", flush=True)

@@ -18,8 +18,9 @@ def main(argv: list[str]) -> None:
     if report.get("skipped"):
         print(f"[validate] skipped: {report['skipped']}")
         return
-    print(f"[validate] lossless={report['lossless']} ({report['lossless_fraction']:.0%} of runs) target_rel_err={report['target_rel_err']:.2e} "
-          f"draft_rel_err={report['draft_rel_err']:.2e} token_agreement={report['token_agreement']:.4f}")
+    draft = f"draft_rel_err={report['draft_rel_err']:.2e}" if "draft_rel_err" in report else "no draft (lookup)"
+    print(f"[validate] lossless={report['lossless']} ({report['lossless_fraction']:.0%} of runs) "
+          f"target_rel_err={report['target_rel_err']:.2e} {draft} token_agreement={report['token_agreement']:.4f}")
     s = report["sampling"]
     print(f"[validate] sampled DFlash vs target.pte's distribution: {s['tests']} chi-square tests over {s['samples']} "
           f"completions each, smallest p-value {s['min_p_value']:.3g} (threshold {s['threshold']:.2g}), largest total variation "

@@ -23,7 +23,7 @@ sys.path.append(str(REPO / ".venv" / "oracles"))
 # fixtures that train, lower programs or compile: a test that asks for one (or for one that does) is slow
 BUILDS = {"trained_pair", "programs", "shared_programs", "single_programs", "quantized_shared_programs",
           "mixed_programs", "reduced_vocab_programs", "windowed_programs", "trained_dflash2_programs", "runner",
-          "gemma_programs", "hybrid_programs", "small_pair"}  # the last: test_frugal's
+          "gemma_programs", "hybrid_programs", "small_pair", "target_alone_programs"}  # small_pair: test_frugal's
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -67,6 +67,18 @@ def trained_pair(tmp_path_factory) -> tuple[Path, Path]:
 def programs(trained_pair, tmp_path_factory) -> Path:
     """fp32 XNNPACK programs of the trained pair, lowered once per test run."""
     return built_once(tmp_path_factory, "xnnpack", lambda out: build_programs(trained_pair, out)) / "programs"
+
+
+@pytest.fixture(scope="session")
+def target_alone_programs(trained_pair, tmp_path_factory) -> tuple[Path, Path]:
+    """(programs, draft dir) of the trained pair's target with model.draft: none: target.pte alone, and the marker
+    fetch_draft writes in place of a draft."""
+    def build(out: Path) -> None:
+        fetch("draft", "none", out / "none", target_dir=trained_pair[0])
+        build_programs((trained_pair[0], out / "none"), out, stock_forward=False)
+
+    root = built_once(tmp_path_factory, "target-alone", build)
+    return root / "programs", root / "none"
 
 
 @pytest.fixture(scope="session")

@@ -101,7 +101,8 @@ def test_unreachable_hub_error(hub, monkeypatch, tmp_path):
 def test_unknown_source(tmp_path):
     assert_refused("neither 'builtin', 'builtin-gemma', 'builtin-hybrid', 'smollm2', an existing directory, a .gguf file, nor a hub id", "target", "not a model!",
                    tmp_path / "t")
-    assert_refused("neither 'builtin', an existing directory, nor a hub id", "draft", "builtin-gemma", tmp_path / "d")
+    assert_refused("neither 'builtin', 'auto', 'train', 'none', an existing directory, nor a hub id", "draft",
+                   "builtin-gemma", tmp_path / "d")
     assert_refused("is not a directory", "target", tmp_path / "missing", tmp_path / "t")
 
 

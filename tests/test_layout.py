@@ -67,6 +67,10 @@ def test_upstreams_driver_runs_the_single_layout(single_programs, trained_pair):
     """ExecuTorch's DFlash example driver (backends/mlx/examples/llm/dflash/run.py, greedy), given our
     target.pte and tokenizer, emits the tokens our engine does on the same prompt."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (the program's llama:: kernels)
+
+    from dflash_et.models.mlx_ops import ensure_mlx_backend
+
+    ensure_mlx_backend()  # the example's package imports the MLX backend, whose files a venv generates on first use
     from executorch.backends.mlx.examples.llm.runtime_meta import apply_chat_template, load_text_processor
 
     tok = load_text_processor(str(single_programs), local_files_only=True)

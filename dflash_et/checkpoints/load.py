@@ -29,6 +29,20 @@ from dflash_et.models.draft import DFlash2Draft, Draft
 from dflash_et.models.target import Target
 
 FINGERPRINT = "fingerprint.json"  # written beside a fetched checkpoint (see checkpoint_id)
+# What model.draft: none fetches in place of a draft (the DVC graph keeps its path): the target then decodes with
+# lookup proposals alone, and exports tapping `target_alone_layers` (its program's outputs are the same either way)
+NO_DRAFT = "no_draft.json"
+
+
+def has_draft(draft_dir: Path) -> bool:
+    """Whether `draft_dir` holds a draft, not model.draft: none's marker."""
+    return not (draft_dir / NO_DRAFT).is_file()
+
+
+def target_alone_layers(target_dir: Path) -> list[int]:
+    """The layer a target exported without a draft taps: z-lab's choice for a one-layer draft, so that target.pte's
+    `target` method returns (logits, taps) as every runner reads it, at the cost of one layer's copy."""
+    return zlab.default_target_layer_ids(model_args(load_config(target_dir)).num_layers, 1)
 
 
 def model_args(c: PretrainedConfig, causal: bool | None = True) -> ModelArgs:

@@ -19,6 +19,7 @@ from dflash_et.errors import CheckpointError
 
 BORROWED = ("embed_tokens.weight", "lm_head.weight")  # the target's, never stored in a draft checkpoint
 MASK_NAMES = ("<|mask|>", "<|MASK|>", "<mask>", "[MASK]")
+BLOCK_SIZE = 16  # z-lab's block, for a config that names none (and the programs of a target without a draft)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def draft_settings(draft_config: PretrainedConfig) -> DraftSettings:
         return dflash.get(key, getattr(draft_config, key, default))
 
     softcap, embed_scale, causal = setting("final_logit_softcapping"), setting("embed_scale"), setting("causal")
-    return DraftSettings(list(layer_ids), int(mask), int(getattr(draft_config, "block_size", 16)),
+    return DraftSettings(list(layer_ids), int(mask), int(getattr(draft_config, "block_size", BLOCK_SIZE)),
                          embed_scale=None if embed_scale is None else float(embed_scale),
                          input_embedding_scale=float(setting("input_embedding_scale", 1.0)),
                          logit_scale=float(setting("output_multiplier", 1.0)),

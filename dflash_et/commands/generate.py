@@ -17,8 +17,9 @@ from dflash_et.runtime.engine import BlockSize
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling
 
 DESCRIPTION = (
-    "Generate a reply to one user prompt (chat template applied, Qwen3 thinking off) with target.pte + draft.pte, "
-    "and print tau and tokens/s. Greedy unless --temperature or --sample; sampled DFlash has exactly the target's "
+    "Generate a reply to one user prompt (chat template applied, Qwen3 thinking off) with target.pte + draft.pte "
+    "(programs exported with model.draft: none: target.pte and lookup proposals), and print tau and tokens/s. "
+    "Greedy unless --temperature or --sample; sampled DFlash has exactly the target's "
     "distribution. Costs: the programs from `dvc repro` (or `dvc pull`), memory-mapped; with --block-size auto and "
     "no --cost-curve, one sweep at load (seconds on the built-in pair, about 300 calls of each program in general); "
     "a CPU is enough; --runner cpp needs the C++ runner (`make runner`).")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from dflash_et.checkpoints.load import has_draft
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import load_prompts
 from dflash_et.params import parse
@@ -102,18 +103,19 @@ def _llama_cpp(target_dir: Path, draft_dir: Path, gguf_dir: Path,
                export: dict) -> tuple[LlamaCpp | None, dict, str | None]:
     """(llama.cpp built, the GGUF pair converted into `gguf_dir`, None), or (None, {}, what llama.cpp refused)."""
     try:
-        ggufs = gguf_pair(target_dir, draft_dir, gguf_dir, export["quantize"], export["dtype"])
+        ggufs = gguf_pair(target_dir, draft_dir if has_draft(draft_dir) else None, gguf_dir, export["quantize"],
+                          export["dtype"])
         return LlamaCpp.source().build(), ggufs, None
     except Refused as e:
         return None, {}, str(e)
 
 
 def _start_servers(servers: dict[str, Server], llama: LlamaCpp, ggufs: dict, config: PeerConfig) -> str | None:
-    """Starts llama.cpp's plain server and a DFlash one per `draft_max` into `servers`: all of them, or (closing
-    those started) none and what llama.cpp refused."""
+    """Starts llama.cpp's plain server and a DFlash one per `draft_max` (none without a draft) into `servers`: all
+    of them, or (closing those started) none and what llama.cpp refused."""
     try:
         servers["llama_cpp_plain"] = Server(llama, ggufs["target"], config.cores, config.context)
-        for n in config.draft_max:
+        for n in config.draft_max if "draft" in ggufs else ():
             servers[f"llama_cpp_dflash_{n}"] = Server(llama, ggufs["target"], config.cores, config.context,
                                                       draft=ggufs["draft"], draft_max=n)
     except Refused as e:
@@ -204,8 +206,9 @@ def run_peers(programs_dir: Path, target_dir: Path, draft_dir: Path, block_size:
     metrics["token_agreement_with_executorch_plain"] = {name: agreement(tokens["executorch_plain"], tokens[name])
                                                         for name in engines if name != "executorch_plain"}
     if servers:
-        dflash = (n for n in engines if n.startswith("llama_cpp_dflash"))
-        metrics["llama_cpp"]["best_dflash"] = max(dflash, key=lambda n: engines_out[n]["tokens_per_s"])
+        dflash = [n for n in engines if n.startswith("llama_cpp_dflash")]
+        if dflash:
+            metrics["llama_cpp"]["best_dflash"] = max(dflash, key=lambda n: engines_out[n]["tokens_per_s"])
         metrics["target_call_ms"] = _target_call_ms(engine, llama, ggufs["target"], config)
     plot = [{"run": f"{c}: {name}", "engine": name, "category": c,
              "tokens_per_s": engines_out[name]["by_category"][c]["tokens_per_s"]}

@@ -98,18 +98,22 @@ def profile_call(pte: Path, ptd: Path | None, method_name: str, args: list[torch
 
 
 def profile_programs(programs_dir: Path, tokens: list[int], block: int, pos: int, repeats: int) -> list[CallProfile]:
-    """Target calls of each T in `tokens` and one draft call with a block of `block` (new context: one tap),
-    all at cache position `pos`."""
+    """Target calls of each T in `tokens` and one draft call with a block of `block` (new context: one tap; none
+    without a draft), all at cache position `pos`."""
     from dflash_et.runtime.programs import load_programs
 
     ptd = programs_dir / "shared.ptd"
     ptd = ptd if ptd.exists() else None
     target, draft = load_programs(programs_dir)  # checks the pair and finds the draft (draft.pte, or target.pte)
-    width = draft.program.metadata(DRAFT_METHOD).input_tensor_meta(1).sizes()[-1]  # the taps' [1, n, k*H]
-    block, paths = min(block, draft.meta.max_block_len), (target.path, draft.path)
+    paths = (target.path, draft and draft.path)
+    if draft is not None:
+        width = draft.program.metadata(DRAFT_METHOD).input_tensor_meta(1).sizes()[-1]  # the taps' [1, n, k*H]
+        block = min(block, draft.meta.max_block_len)
     del target, draft
     profiles = [profile_call(paths[0], ptd, TARGET_METHOD, [torch.zeros(1, t, dtype=torch.long), torch.arange(pos, pos + t)],
                              repeats, f"target T={t}", t) for t in tokens]
+    if paths[1] is None:
+        return profiles
     profiles.append(profile_call(paths[1], ptd, DRAFT_METHOD, [torch.zeros(1, block, dtype=torch.long), torch.zeros(1, 1, width),
                                                              torch.tensor([pos])], repeats, f"draft B={block}", block - 1))
     return profiles

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dflash_et.runtime.generate import Generation, TargetFn, generate_dflash, pooled_tau
-from dflash_et.runtime.programs import DraftProgram, TargetProgram
+from dflash_et.runtime.programs import DraftProgram, TargetProgram, max_block_len
 from dflash_et.runtime.sampling import PROPOSALS, Sampler, Sampling, distribution
 
 
@@ -156,9 +156,10 @@ def conditionals(target: TargetFn, prompt: list[int], completion: list[int], chu
     return torch.cat(rows)[-len(completion):]
 
 
-def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[list[int]], labels: list[str],
-                   eos: set[int], mask_token_id: int, check: SamplingCheck) -> dict:
-    """Sample `check.samples` completions per prompt with DFlash in each proposal mode, through the programs,
+def check_sampling(programs: tuple[TargetProgram, DraftProgram | None], prompts: list[list[int]],
+                   labels: list[str], eos: set[int], mask_token_id: int | None, check: SamplingCheck) -> dict:
+    """Sample `check.samples` completions per prompt with DFlash in each proposal mode (without a draft: lookup
+    proposals, point masses, in both), through the programs,
     and test each generated position's tokens against the counts target.pte's own distribution expects
     after each completion's prefix (one target call per distinct completion gives all its prefixes).
 
@@ -169,7 +170,7 @@ def check_sampling(programs: tuple[TargetProgram, DraftProgram], prompts: list[l
     if not prompts:
         raise ValueError("the sampling check needs at least one prompt")
     max_seq_len, chunk = target_p.meta.max_context_len, target_p.meta.max_seq_len
-    block = draft_p.meta.max_block_len
+    block = max_block_len(target_p, draft_p)
     reference = check.settings("argmax", check.seed)
     tests, worst_p, worst_where, max_tv, unexpected = 0, 1.0, None, 0.0, 0
     generated: dict[str, list[Generation]] = {}  # each mode's, for its tau

@@ -5,7 +5,8 @@ eager model (quantized the same way when the export was), and the worst error an
 agreement are kept with the prompt that produced them. Lossless: for every prompt, DFlash
 driven by target.pte + draft.pte must emit exactly the tokens plain greedy decoding of the
 same target.pte emits, and sampled DFlash must have the distribution of target.pte
-(a statistical test against its exact probabilities, `same_distribution.py`).
+(a statistical test against its exact probabilities, `same_distribution.py`). Programs without a draft
+(model.draft: none) are checked the same way, their proposals lookup's.
 """
 
 from dataclasses import asdict, dataclass
@@ -18,10 +19,10 @@ from dflash_et.export.loading import load_models
 from dflash_et.runtime.adaptive import AUTO, auto_planner, lookup_planner
 from dflash_et.runtime.cost_curve import measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
-from dflash_et.checkpoints.load import checkpoint_id
+from dflash_et.checkpoints.load import checkpoint_id, has_draft
 from dflash_et.checkpoints.pair import load_pair
 from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
-from dflash_et.runtime.programs import ProgramError, export_summary, load_programs, missing_backend
+from dflash_et.runtime.programs import ProgramError, export_summary, load_programs, max_block_len, missing_backend
 from dflash_et.data.chat import encode_chat, tokenizer
 from dflash_et.data.prompts import load_prompts
 from dflash_et.params import parse
@@ -90,14 +91,15 @@ def _rel(a: torch.Tensor | tuple, b: torch.Tensor | tuple) -> tuple[float, float
 
 
 def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str]) -> dict:
-    """Worst absolute/relative errors of both programs and the target's argmax agreement."""
+    """Worst absolute/relative errors of both programs (the target's alone without a draft) and the target's argmax
+    agreement."""
     target_p, draft_p = programs
     target_e, draft_e, settings = eager
-    meta_t, meta_d = target_p.meta, draft_p.meta
+    meta_t, largest = target_p.meta, max_block_len(*programs)
     worst = {k: Worst() for k in ("target_abs", "target_rel", "draft_abs", "draft_rel")}
     agree = total = 0
     for ids, label in zip(prompts, labels):
-        for tokens, start in call_plan(ids, meta_t.max_seq_len, meta_d.max_block_len, meta_t.max_context_len):
+        for tokens, start in call_plan(ids, meta_t.max_seq_len, largest, meta_t.max_context_len):
             x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
             with torch.no_grad():
                 ref_logits, ref_taps = target_e(x, pos)
@@ -108,10 +110,10 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
                 worst["target_rel"].update(rel, f"{label}, target {name} at {start}")
             agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum().item()
             total += len(tokens)
-            block = min(meta_d.max_block_len, meta_d.max_context_len - start - len(tokens))
-            if block >= 2:
+            block = min(largest, meta_t.max_context_len - start - len(tokens))
+            if block >= 2 and draft_p is not None:
                 draft_x = torch.tensor([[tokens[-1]] + [settings.mask_token_id] * (block - 1)])
-                skip = unread(meta_d.context_window, start, start + len(tokens))  # as decoding feeds it
+                skip = unread(draft_p.meta.context_window, start, start + len(tokens))  # as decoding feeds it
                 draft_taps, draft_pos = ref_taps[:, skip:], pos[skip:]
                 with torch.no_grad():
                     ref = draft_e(draft_x, draft_taps, draft_pos)
@@ -122,19 +124,20 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
 
 
 def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
-                   mask_token_id: int, blocks: list[int | str] | None = None) -> tuple[float, str | None, dict]:
+                   mask_token_id: int | None, blocks: list[int | str] | None = None) -> tuple[float, str | None, dict]:
     """DFlash over the programs vs plain greedy over target.pte, at `blocks` (default: block 2, the largest,
-    and auto, deciding by a cost curve measured here, lookup proposals taking the rounds where they pay more).
+    and auto, deciding by a cost curve measured here, lookup proposals taking the rounds where they pay more;
+    without a draft, lookup proposals alone).
 
     Returns the fraction of (prompt, block) runs that matched exactly, the first divergence, and tau per block.
     """
     target_p, draft_p = programs
-    max_seq_len, chunk, largest = target_p.meta.max_context_len, target_p.meta.max_seq_len, draft_p.meta.max_block_len
+    max_seq_len, chunk, largest = target_p.meta.max_context_len, target_p.meta.max_seq_len, max_block_len(*programs)
     blocks = blocks or [*sorted({2, largest}), AUTO]
     planner = lookups = None
     if AUTO in blocks:
         curve = measure_cost_curve(target_p, draft_p, largest, max_seq_len, mask_token_id, chunk, repeats=1)
-        planner, lookups = auto_planner(curve, largest), lookup_planner(curve, largest)
+        planner, lookups = auto_planner(curve, largest) if draft_p else None, lookup_planner(curve, largest)
     taus: dict[int | str, list[float]] = {}
     matched, runs, first_divergence = 0, 0, None
     for ids, label in zip(prompts, labels):
@@ -163,12 +166,12 @@ def against_transformers(programs, target_dir: Path, layer_ids: list[int], promp
                          labels: list[str], eos: set[int], max_new_tokens: int) -> dict:
     """target.pte against transformers' model of the checkpoint (see transformers_oracle): the worst relative
     error of logits and taps over the call plan, and whether plain greedy decoding agrees (ties aside)."""
-    target_p, draft_p = programs
+    target_p = programs[0]
     model = transformers_oracle.load_reference(target_dir)
     meta = target_p.meta
     worst, divergence = [0.0, 0.0], None
     for ids, label in zip(prompts, labels):
-        plan = call_plan(ids, meta.max_seq_len, draft_p.meta.max_block_len, meta.max_context_len)
+        plan = call_plan(ids, meta.max_seq_len, max_block_len(*programs), meta.max_context_len)
         worst = [max(w, e) for w, e in zip(worst, transformers_oracle.compare_calls(target_p, model, plan, layer_ids))]
         tokens = generate_ar(target_p, ids, max_new_tokens, eos, meta.max_context_len, meta.max_seq_len).tokens
         where = transformers_oracle.greedy_divergence(model, ids, tokens, eos)
@@ -177,10 +180,17 @@ def against_transformers(programs, target_dir: Path, layer_ids: list[int], promp
 
 
 def _check_made_from(programs, target_dir: Path, draft_dir: Path) -> None:
-    """Refuse programs exported from other checkpoints than the ones given (their fingerprints differ)."""
-    made_from = programs[0].meta.checkpoint_id, programs[1].meta.draft_checkpoint_id
-    for program, ckpt, made in zip(programs, (target_dir, draft_dir), made_from):
-        if made != checkpoint_id(ckpt):
+    """Refuse programs exported from other checkpoints than the ones given (their fingerprints differ), or with a
+    draft where model.draft is none, or without one where it names one."""
+    target_p, draft_p = programs
+    if (draft_p is not None) != has_draft(draft_dir):
+        raise ProgramError(f"the programs were exported {'with' if draft_p else 'without'} a draft, and {draft_dir} "
+                           f"{'is model.draft: none' if draft_p else 'holds one'}; rebuild the programs (dvc repro)")
+    made = [(target_p, target_dir, target_p.meta.checkpoint_id)]
+    if draft_p is not None:
+        made.append((draft_p, draft_dir, draft_p.meta.draft_checkpoint_id))
+    for program, ckpt, made_from in made:
+        if made_from != checkpoint_id(ckpt):
             raise ProgramError(f"{program.path} was exported from another checkpoint than {ckpt}; rebuild the "
                                "programs (dvc repro) or point validate at the matching weights")
 
@@ -223,7 +233,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     export_config = ExportConfig.from_params(export_summary(programs_dir)["config"])
     # the eager twin of each program, loaded as export loads it: same dtype, same quantization
     eager = load_models(target_dir, draft_dir, export_config, programs[0].meta.max_context_len)
-    settings = eager[2]
+    mask_token_id = eager[2].mask_token_id if eager[2] else None
     tok = tokenizer(target_dir)
     rows = load_prompts(config.prompt_set, config.prompts)
     prompts = [encode_chat(tok, r["prompt"]) for r in rows]
@@ -236,19 +246,20 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta.max_context_len),
                                                prompts, labels)
     limits = config.fp32 if exact else config.reduced
-    oracle = against_transformers(programs, target_dir, settings.target_layer_ids, prompts, labels, eos,
+    oracle = against_transformers(programs, target_dir, list(programs[0].meta.target_layer_ids), prompts, labels, eos,
                                   config.max_new_tokens) if exact else \
         {"skipped": "reduced precision: compared with its quantized eager twin only"}
     lossless_fraction, why, taus = check_lossless(programs, prompts, labels, eos, config.max_new_tokens,
-                                                  settings.mask_token_id)
-    sampling = check_sampling(programs, prompts, labels, eos, settings.mask_token_id, config.sampling)
+                                                  mask_token_id)
+    sampling = check_sampling(programs, prompts, labels, eos, mask_token_id, config.sampling)
     worst = numerics["worst"]
     # an int8 draft head (export.draft_head) makes the draft reduced precision; the target alone decides exactness
     draft_limits = limits if export_config.draft_head == "same" else config.reduced
     failures = _failures(numerics, fp32, oracle, why, sampling, limits, draft_limits)
     return {
         "target_max_abs_err": worst["target_abs"].value, "target_rel_err": worst["target_rel"].value,
-        "draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value,
+        **({"draft_max_abs_err": worst["draft_abs"].value, "draft_rel_err": worst["draft_rel"].value}
+           if programs[1] else {"draft": None}),
         "token_agreement": numerics["token_agreement"], "lossless": why is None,
         "lossless_fraction": lossless_fraction,
         "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},

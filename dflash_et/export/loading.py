@@ -50,21 +50,22 @@ class Loading:
 
 
 def load_models(target_dir: Path, draft_dir: Path, config: ExportConfig, max_seq_len: int,
-                loading: Loading = Loading()) -> tuple[Target, Draft, DraftSettings]:
+                loading: Loading = Loading()) -> tuple[Target, Draft | None, DraftSettings | None]:
     """The target and the draft as programs of `config` hold them: weights read in its dtype and quantized by its
     recipes (recipes.quantize), each decoder layer as it loads, then the rest of the models `loading` names
     (`quantized`); with its `spiller` (export), the weights each step makes go to the spool (frugal.Spiller.kept),
-    and those outside the decoder layers are converted into it (frugal.Spiller.converted)."""
+    and those outside the decoder layers are converted into it (frugal.Spiller.converted). Without a draft
+    (model.draft: none), the target alone, as checkpoints.pair.load_pair returns it."""
     spiller = loading.spiller
     prepare = partial(_prepare, config=config, spiller=spiller)
     target, draft, settings = load_pair(target_dir, draft_dir, max_seq_len, loading.ops, DTYPES[config.dtype], prepare,
                                         target_only=loading.target_only, max_call=loading.max_call,
                                         verify_call=loading.verify_call, ring=loading.ring, max_block=loading.max_block,
                                         convert=None if spiller is None else spiller.converted)
-    if config.draft_vocab != "full":
+    if config.draft_vocab != "full" and draft is not None:
         reduce_head(draft, _draft_vocab(target_dir, draft_dir, config.draft_vocab, draft.args.vocab_size))
     for name, model in (("target", target), ("draft", draft)):
-        if name in loading.quantized:
+        if name in loading.quantized and model is not None:
             prepare(model)  # what is not in a decoder layer: the head, the embedding, the draft's fc
     return target, draft, settings
 

@@ -4,7 +4,8 @@ Each program carries its own metadata as constant methods (export.records), so a
 files. Shapes are dynamic: the target takes 1..max(prefill chunk, max block) tokens per call, the draft blocks of
 2..max block and 1..max_seq_len-2 new context taps (a draft with a context window: fewer than its window).
 `export.layout` pair writes target.pte and draft.pte; single writes one target.pte that holds the draft's method
-too, as upstream's DFlash example does, storing the weights they share once.
+too, as upstream's DFlash example does, storing the weights they share once. Without a draft (model.draft: none)
+either layout writes target.pte alone.
 """
 
 import logging
@@ -16,8 +17,8 @@ from pathlib import Path
 import torch
 from torch.export import Dim, export
 
-from dflash_et.checkpoints.load import build_target, load_config
-from dflash_et.checkpoints.zlab import BORROWED, draft_settings
+from dflash_et.checkpoints.load import build_target, has_draft, load_config
+from dflash_et.checkpoints.zlab import BLOCK_SIZE, BORROWED, draft_settings
 from dflash_et.errors import ExportError
 from dflash_et.export import frugal
 from dflash_et.export.accounting import linear_weights, peak_memory
@@ -91,7 +92,7 @@ class _Within(torch.nn.Module):
 
 
 def methods(kind: str, target: Target | None, draft: Draft | None, config: ExportConfig) -> dict:
-    """The methods a program of `kind` holds: name -> model.
+    """The methods a program of `kind` holds: name -> model (single without a draft: the target's alone).
     The target's `forward` (logits alone) is for ExecuTorch's stock runners (`TextLLMRunner` takes the first
     output to be logits and refuses more); `export.stock_forward=false` leaves it out, for half the target's
     lowering time."""
@@ -100,7 +101,7 @@ def methods(kind: str, target: Target | None, draft: Draft | None, config: Expor
         out[TARGET_METHOD] = target
         if config.stock_forward:
             out[STOCK_METHOD] = LogitsOnly.of(target)
-    if kind in ("draft", "single"):
+    if kind in ("draft", "single") and draft is not None:
         out[DRAFT_METHOD] = draft if kind == "draft" else _Within(draft)
     return out
 
@@ -163,7 +164,9 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     if kind not in PROGRAM_KINDS:
         raise ExportError(f"{kind!r} is not a program to export; use one of {', '.join(PROGRAM_KINDS)}")
     if kind not in LAYOUTS[config.layout]:
-        return _summary_alone(kind, config, out_dir, memory_report)
+        return _summary_alone(kind, config, out_dir, memory_report, f"not a program of export.layout={config.layout}")
+    if kind == "draft" and not has_draft(draft_dir):
+        return _summary_alone(kind, config, out_dir, memory_report, "model.draft is none: the target decodes alone")
     t0 = time.perf_counter()
     max_block = _max_block(target_dir, draft_dir, config)
     pte = out_dir / ("target.pte" if kind == "single" else f"{kind}.pte")
@@ -182,7 +185,7 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     if config.shared_weights:
         program.write_tensor_data_to_file(out_dir)
         (out_dir / f"{WEIGHTS_TAG}.ptd").rename(out_dir / f"{kind}.ptd")
-    models = {k: m for k, m in zip(("target", "draft"), loaded) if k in loading.quantized}
+    models = {k: m for k, m in zip(("target", "draft"), loaded) if k in loading.quantized and m is not None}
     # no timings or memory in export.json: package, validate and bench depend on it, and must not rerun for them
     summary = {"program": pte.name, "bytes": pte.stat().st_size, "ops": ops,
                "linears": {k: linear_weights(m, config) for k, m in models.items()}, "config": asdict(config),
@@ -197,20 +200,22 @@ def export_program(kind: str, target_dir: Path, draft_dir: Path, config: ExportC
     return summary | {"memory": memory}
 
 
-def _summary_alone(kind: str, config: ExportConfig, out_dir: Path, memory_report: Path | None) -> dict:
-    """What the export stage of a kind the layout does not use writes: its summary, no program."""
+def _summary_alone(kind: str, config: ExportConfig, out_dir: Path, memory_report: Path | None, why: str) -> dict:
+    """What the export stage of a kind the layout does not use (or a draft's, without one) writes: its summary, no
+    program."""
     summary = {"program": None, "config": asdict(config)}
     write_json(out_dir / "export.json", summary)
     if memory_report is not None:
         write_json(memory_report, {})
-    logger.info(f"{kind}: not a program of export.layout={config.layout}")
+    logger.info(f"{kind}: {why}")
     return summary
 
 
 def _max_block(target_dir: Path, draft_dir: Path, config: ExportConfig) -> int:
-    """The longest block the programs take (export.max_block_size, else the draft's), checked with the backend
-    before anything loads."""
-    max_block = config.max_block_size or draft_settings(load_config(draft_dir)).block_size
+    """The longest block the programs take (export.max_block_size, else the draft's, or z-lab's without one),
+    checked with the backend before anything loads."""
+    trained = draft_settings(load_config(draft_dir)).block_size if has_draft(draft_dir) else BLOCK_SIZE
+    max_block = config.max_block_size or trained
     if not 2 <= max_block <= config.max_seq_len - 2:
         raise ExportError(f"export.max_block_size={max_block} must be in 2..max_seq_len-2")
     # an MLX cache would fail to build for these layers (the target's modules on the meta device cost nothing, and

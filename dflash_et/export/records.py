@@ -14,8 +14,8 @@ from dflash_et.models.draft import Draft
 from dflash_et.models.target import Target
 
 
-def metadata(kind: str, models: tuple[Target, Draft, DraftSettings], config: ExportConfig, target_dir: Path,
-             draft_dir: Path, max_block: int) -> dict:
+def metadata(kind: str, models: tuple[Target, Draft | None, DraftSettings | None], config: ExportConfig,
+             target_dir: Path, draft_dir: Path, max_block: int) -> dict:
     """Everything a runner must know, inside the program itself: the constant methods of the records of
     the methods a program of `kind` holds (dflash_et.metadata); `models` as loading.load_models returns them.
 
@@ -23,19 +23,20 @@ def metadata(kind: str, models: tuple[Target, Draft, DraftSettings], config: Exp
     and the layers it reads, so a mismatched pair is caught when loading. A hybrid target (only) says
     `recurrent_state` and `verify_rows`: its calls must go forward (start at 0, or within the previous
     call), and one kept in part keeps at most its first `verify_rows` tokens, as every decode loop does
-    (models.deltanet).
+    (models.deltanet). A target without a draft (model.draft: none) says its longest verify, `max_block_len`, itself.
     """
     target, draft, settings = models
     args = target.args
     common = {"max_context_len": config.max_seq_len, "vocab_size": args.vocab_size,
-              "target_layer_ids": tuple(settings.target_layer_ids), "uses_llama_custom_ops": config.backend != "mlx"}
+              "target_layer_ids": tuple(target.layer_ids), "uses_llama_custom_ops": config.backend != "mlx"}
     records = []
     if kind != "draft":
         hybrid = {"recurrent_state": True, "verify_rows": max_block} if recurrent(args) else {}
         records.append(TargetMeta(**common, **recommended_sampling(target_dir), **hybrid,
                                   max_seq_len=max(config.prefill_chunk, max_block), eos_ids=tuple(eos_ids(target_dir)),
-                                  bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir)))
-    if kind != "target":
+                                  bos_id=bos_id(target_dir), checkpoint_id=checkpoint_id(target_dir),
+                                  max_block_len=None if draft is not None else max_block))
+    if kind != "target" and draft is not None:
         records.append(DraftMeta(**common, max_block_len=max_block, mask_token_id=settings.mask_token_id,
                                  draft_checkpoint_id=checkpoint_id(draft_dir), target_checkpoint_id=checkpoint_id(target_dir),
                                  context_window=draft.context_window, vocab_ids=_ids(draft.vocab_ids),

@@ -152,14 +152,17 @@ class LlamaCpp:
         return ms
 
 
-def gguf_pair(target_dir: Path, draft_dir: Path, out_dir: Path, quantize: str, dtype: str) -> dict[str, Path]:
-    """The target and its draft as GGUF files for llama.cpp, at the programs' precision (see MATCHED)."""
+def gguf_pair(target_dir: Path, draft_dir: Path | None, out_dir: Path, quantize: str, dtype: str) -> dict[str, Path]:
+    """The target and its draft (None: model.draft none, the target alone) as GGUF files for llama.cpp, at the
+    programs' precision (see MATCHED)."""
     gguf_type = matched_type(quantize, dtype)
     if gguf_type is None:
         raise Refused(f"llama.cpp has no counterpart of export.quantize={quantize} ({dtype})")
     llama = LlamaCpp.source()
-    return {"target": llama.convert(target_dir, out_dir / f"target-{gguf_type}.gguf", gguf_type),
-            "draft": llama.convert(draft_dir, out_dir / f"draft-{gguf_type}.gguf", gguf_type, target_dir)}
+    files = {"target": llama.convert(target_dir, out_dir / f"target-{gguf_type}.gguf", gguf_type)}
+    if draft_dir is not None:
+        files["draft"] = llama.convert(draft_dir, out_dir / f"draft-{gguf_type}.gguf", gguf_type, target_dir)
+    return files
 
 
 class Server:

@@ -62,12 +62,20 @@ class _AcceptNone(Sampler):
         return 0, argmax(logits)[0]
 
 
-def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_token_id: int, prefill_chunk: int,
-                       repeats: int = 5, programs: str = "") -> CostCurve:
+def _no_draft(block: torch.Tensor, hidden: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+    """The draft of a target without one (model.draft: none) in the sweep: proposals (token 0) that cost nothing,
+    so that the target's verifies are timed as with a draft (runner/src/decode.cpp does the same)."""
+    return torch.zeros(1, block.shape[1] - 1, 1)
+
+
+def measure_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_token_id: int | None,
+                       prefill_chunk: int, repeats: int = 5, programs: str = "") -> CostCurve:
     """Time the draft and target calls of decoding rounds with a block of B = 1..max_block (B = 1: a plain
     step), run by `generate_dflash` itself, at the start, middle and end of the cache, as the runner's CostSweep
     plans them (runner/host/cost_curve.h says how and why); `repeats` sweeps of each after one to warm up. It writes
-    into both programs' caches: call it before a generation, whose prefill overwrites them."""
+    into both programs' caches: call it before a generation, whose prefill overwrites them. Without a `draft`, its
+    calls cost nothing."""
+    draft, mask_token_id = (draft, mask_token_id) if draft is not None else (_no_draft, 0)
     sweep = native.CostSweep(max_block, max_seq_len, repeats)
     for i, start in enumerate(sweep.starts):
         for n in range(sweep.count):

@@ -1,7 +1,8 @@
 """The DFlash engine over the ExecuTorch programs: what `dflash generate` and the bench run.
 
 Every limit comes from the programs' metadata (cache length, prefill chunk, EOS ids, mask token,
-max block), so the engine needs nothing but the programs directory. `block_size="auto"` adapts the
+max block), so the engine needs nothing but the programs directory; programs without a draft (model.draft:
+none) decode with lookup proposals alone. `block_size="auto"` adapts the
 block to this device (`adaptive.py`, the C++ runner's planner): its cost curve comes from a file the bench wrote, or is
 measured on first use, and what the planner learns carries over from one generation to the next.
 """
@@ -15,7 +16,7 @@ from dflash_et.runtime.adaptive import AUTO, auto_planner, lookup_planner, plans
 from dflash_et.runtime.cost_curve import CostCurve, measure_cost_curve
 from dflash_et.runtime.generate import Generation, OnTokens, RoundPlanner, generate_ar, generate_dflash
 from dflash_et.runtime.native import LookupPlanner, programs_identity
-from dflash_et.runtime.programs import load_programs
+from dflash_et.runtime.programs import load_programs, max_block_len
 from dflash_et.runtime.sampling import Sampler, Sampling
 
 BlockSize = int | str  # a number of tokens (last token + proposals), or "auto"
@@ -46,9 +47,10 @@ def recommended(meta: dict, target_pte: Path, **overrides) -> Sampling:
 class Engine:
     def __init__(self, programs_dir: Path, cost_curve: Path | None = None):
         self.target, self.draft = load_programs(programs_dir)
-        t, d = self.target.meta, self.draft.meta
+        t = self.target.meta
         self.max_context_len, self.chunk, self.eos_ids = t.max_context_len, t.max_seq_len, set(t.eos_ids)
-        self.mask_token_id, self.max_block_size = d.mask_token_id, d.max_block_len
+        self.mask_token_id = self.draft.meta.mask_token_id if self.draft else None
+        self.max_block_size = max_block_len(self.target, self.draft)
         self._curve = CostCurve.load(cost_curve, self.identity) if cost_curve else None
         self._planner: RoundPlanner | None = None
         self._lookup_planner: LookupPlanner | None = None
@@ -56,12 +58,13 @@ class Engine:
     @cached_property
     def identity(self) -> str:
         """Which programs these are, for a cost curve measured on them."""
-        t, d = self.target.meta, self.draft.meta
-        return programs_identity([t.checkpoint_id, d.draft_checkpoint_id, self.max_context_len, self.max_block_size,
-                                  self.target.path.stat().st_size, self.draft.path.stat().st_size])
+        d = self.draft  # none: 0 for its fingerprint and size, as the C++ runner's Pair
+        return programs_identity([self.target.meta.checkpoint_id, d.meta.draft_checkpoint_id if d else 0,
+                                  self.max_context_len, self.max_block_size, self.target.path.stat().st_size,
+                                  d.path.stat().st_size if d else 0])
 
     def check_block_size(self, block_size: BlockSize) -> BlockSize:
-        return check_block_size(block_size, self.max_block_size, self.draft.path.name)
+        return check_block_size(block_size, self.max_block_size, (self.draft or self.target).path.name)
 
     def cost_curve(self, repeats: int = 5) -> CostCurve:
         """This device's cost per program call: the one the engine was given, or measured now (once)."""
@@ -101,7 +104,9 @@ class Engine:
                on_tokens: OnTokens = None, sampler: Sampler | None = None) -> Generation:
         """DFlash decoding with target.pte verifying draft.pte's blocks (greedy unless a sampler says otherwise),
         at a fixed block (default: the largest draft.pte takes) or `auto` (greedy: lookup proposals take the rounds
-        where they pay more than the draft's)."""
+        where they pay more than the draft's). Without a draft, the programs' proposals are lookup's (`lookup`)."""
+        if self.draft is None:
+            return self.lookup(prompt, max_new_tokens, block_size, on_tokens, sampler)
         block_size = self.check_block_size(block_size or self.max_block_size)
         sampler = sampler or Sampler()
         planned = plans(block_size, sampler.sampling.greedy)

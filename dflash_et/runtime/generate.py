@@ -173,7 +173,7 @@ class PathProposals:
 
 def generate_dflash(target: TargetFn, draft: DraftFn | None, prompt: list[int], max_new_tokens: int,
                     eos_ids: set[int], max_seq_len: int, prefill_chunk: int, block_size: int,
-                    mask_token_id: int, on_tokens: OnTokens = None, sampler: Sampler | None = None,
+                    mask_token_id: int | None, on_tokens: OnTokens = None, sampler: Sampler | None = None,
                     planner: RoundPlanner | None = None, lookup_planner: LookupPlanner | None = None) -> Generation:
     """DFlash decoding: greedy, it emits exactly the tokens `generate_ar` would; sampled, tokens with
     exactly the distribution `generate_ar` samples from (greedy by default).

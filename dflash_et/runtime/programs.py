@@ -150,9 +150,10 @@ def draft_program(pte: Path, ptd: Path | None = None, program=None) -> DraftProg
     return (DFlash2DraftProgram if lattice else DraftProgram)(pte, ptd, program)
 
 
-def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
+def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram | None]:
     """The target and the draft from `programs_dir`: target.pte and draft.pte (with shared.ptd when present), or
-    target.pte alone holding both (export.layout single), checked to be a pair."""
+    target.pte alone holding both (export.layout single), checked to be a pair; or a target exported without a
+    draft (model.draft: none; its record has `max_block_len`) and None."""
     ptd = programs_dir / "shared.ptd"
     ptd = ptd if ptd.exists() else None
     target = TargetProgram(programs_dir / "target.pte", ptd)
@@ -160,6 +161,8 @@ def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
         draft = draft_program(programs_dir / "draft.pte", ptd)
     elif DRAFT_METHOD in target.program.method_names:
         draft = draft_program(target.path, program=target.program)
+    elif target.meta.max_block_len is not None:
+        return target, None
     else:
         raise ProgramError(f"{programs_dir} has no draft.pte, and its target.pte no {DRAFT_METHOD!r} method "
                            f"(export.layout single puts the draft there): {REBUILD}")
@@ -168,6 +171,11 @@ def load_programs(programs_dir: Path) -> tuple[TargetProgram, DraftProgram]:
         raise ProgramError(f"{draft.path} was exported for another target than {target.path}; "
                            "export both from the same pair")
     return target, draft
+
+
+def max_block_len(target: TargetProgram, draft: DraftProgram | None) -> int:
+    """The longest block the programs take: the draft's, or a target's exported without one."""
+    return (draft or target).meta.max_block_len
 
 
 def _load(pte: Path, ptd: Path | None):

@@ -57,26 +57,29 @@ Pair::Pair(const std::string& dir) : rewinds_(rewinds(dir)) {
     draft_ = std::make_unique<Pte>(dir + "/draft.pte", meta::kDraftMethod, weights_.get());
   } else if (target_->has(meta::kDraftMethod)) {  // export.layout single
     draft_ = std::make_unique<Pte>(*target_, meta::kDraftMethod, weights_.get());
-  } else {
+  } else if (!target_->has(meta::kMaxBlockLen)) {  // only a target exported without a draft says its block
     throw UserError(dir + " has no draft.pte, and its target.pte no '" + meta::kDraftMethod +
                     "' method (export.layout single puts the draft there): " + kRebuild);
   }
-  if (draft_->integer(meta::kTargetCheckpointId) != target_->integer(meta::kCheckpointId) ||
-      draft_->integers(meta::kTargetLayerIds) != target_->integers(meta::kTargetLayerIds)) {
+  if (draft_ && (draft_->integer(meta::kTargetCheckpointId) != target_->integer(meta::kCheckpointId) ||
+                 draft_->integers(meta::kTargetLayerIds) != target_->integers(meta::kTargetLayerIds))) {
     throw UserError(draft_->path() + " was exported for another target than " + target_->path() +
                     "; export both from the same pair");
   }
+  const Pte& blocks = draft_ ? *draft_ : *target_;  // what says the longest block (programs.max_block_len)
   std::vector<int64_t> eos = target_->integers(meta::kEosIds);
   limits_ = {target_->integer(meta::kMaxContextLen), target_->integer(meta::kMaxSeqLen),
-             draft_->integer(meta::kMaskTokenId), draft_->integer(meta::kMaxBlockLen),
+             draft_ ? draft_->integer(meta::kMaskTokenId) : 0, blocks.integer(meta::kMaxBlockLen),
              target_->integer(meta::kVocabSize), {eos.begin(), eos.end()},
-             draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0,
-             draft_->has(meta::kSelectorTopK) ? draft_->integer(meta::kSelectorTopK) : 0,
-             draft_->has(meta::kVocabIds) ? draft_->integers(meta::kVocabIds) : std::vector<int64_t>{}};
-  identity_ = programs_identity({target_->integer(meta::kCheckpointId), draft_->integer(meta::kDraftCheckpointId),
+             draft_ && draft_->has(meta::kContextWindow) ? draft_->integer(meta::kContextWindow) : 0,
+             draft_ && draft_->has(meta::kSelectorTopK) ? draft_->integer(meta::kSelectorTopK) : 0,
+             draft_ && draft_->has(meta::kVocabIds) ? draft_->integers(meta::kVocabIds) : std::vector<int64_t>{}};
+  // without a draft: 0 for its fingerprint and size, as Engine.identity
+  identity_ = programs_identity({target_->integer(meta::kCheckpointId),
+                                 draft_ ? draft_->integer(meta::kDraftCheckpointId) : 0,
                                  limits_.max_context_len, limits_.max_block,
                                  static_cast<int64_t>(std::filesystem::file_size(target_->path())),
-                                 static_cast<int64_t>(std::filesystem::file_size(draft_->path()))});
+                                 draft_ ? static_cast<int64_t>(std::filesystem::file_size(draft_->path())) : 0});
 }
 
 const CostCurve& Pair::cost_curve(int64_t repeats) {
@@ -202,6 +205,7 @@ Generation Pair::ar(const std::vector<int64_t>& prompt, int64_t max_new_tokens, 
 
 Generation Pair::dflash(const std::vector<int64_t>& prompt, int64_t max_new_tokens, int64_t block,
                         Sampler& sampler, const OnTokens& on_tokens) {
+  if (!draft_) return lookup(prompt, max_new_tokens, block, sampler, on_tokens);  // the programs' only proposals
   check(prompt, max_new_tokens);
   if (block == kAuto) {
     const bool plan = planned(true, sampler.greedy());
@@ -233,7 +237,7 @@ LookupPlanner& Pair::lookup_planner() {
 void Pair::check_block(int64_t block) const {
   if (block < 2 || block > limits_.max_block) {
     throw UserError("block size " + std::to_string(block) + " is outside 2.." + std::to_string(limits_.max_block) +
-                    ", the blocks " + draft_->path() + " was exported for; give at most " +
+                    ", the blocks " + (draft_ ? draft_ : target_)->path() + " was exported for; give at most " +
                     std::to_string(limits_.max_block) + ", or auto");
   }
 }
@@ -287,7 +291,11 @@ Generation Pair::decode(const std::vector<int64_t>& prompt, int64_t max_new_toke
         drafted_count = found.tokens.size();
       }
     }
-    if (b >= 2 && !looked_up) {  // a block of one is a plain target step: the unseen taps wait for the next round
+    // A block of one is a plain target step: the unseen taps wait for the next round. Without a draft, only the
+    // cost sweep gets here: proposals (token 0) that cost nothing (cost_curve._no_draft) time the target's verifies.
+    if (b >= 2 && !looked_up && !draft_) {
+      proposals.assign(b - 1, 0);
+    } else if (b >= 2 && !looked_up) {
       block_ids.assign(b, limits_.mask_token_id);
       block_ids[0] = last;
       if (limits_.context_window) {  // taps the windowed draft would never read stay out (generate_dflash)

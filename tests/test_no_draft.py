@@ -27,7 +27,8 @@ from tests.tiny_programs import MAX_SEQ_LEN, validate_config
 
 def test_model_draft_none_fetches_a_marker_and_an_unknown_source_names_it(pair, tmp_path):
     fetch("draft", "none", tmp_path / "none", target_dir=pair[0])
-    assert [p.name for p in (tmp_path / "none").iterdir()] == [NO_DRAFT]
+    assert [p.name for p in (tmp_path / "none").iterdir()] == ["config.json"]
+    assert json.loads((tmp_path / "none" / "config.json").read_text()) == NO_DRAFT
     assert not has_draft(tmp_path / "none") and has_draft(pair[1])
     with pytest.raises(CheckpointError, match="'auto', 'train', 'none'"):
         fetch("draft", "nothing", tmp_path / "bad", target_dir=pair[0])

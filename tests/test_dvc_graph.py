@@ -123,19 +123,25 @@ def native_sources(target: str) -> set[Path]:
 
 
 def test_the_stages_depend_on_the_native_code_they_run_and_not_on_the_server():
-    """Every stage that decodes loads the host library, and the bench's C++ runner is dflash_runner's --ids worker
+    """Every stage that decodes loads the host library, every stage that runs programs the runner's kernels
+    (runtime/programs.py registers them), and the bench's C++ runner is dflash_runner's --ids worker
     (runner/src/protocol.h, runtime/cpp_runner.py), so the bench depends on dflash_runner's sources but the text
     worker's (runner/worker: what `dflash serve` runs) and no other stage on any of them: a change to serving leaves
     every stage up to date, and one to the command-line runner every stage but the bench (#60)."""
     stages = stage_modules()
     host, runner = native_sources("dflash_host"), native_sources("dflash_runner")
+    kernels = native_sources("dflash_llama_ops")
     server = {f for f in runner if f.parts[:2] == ("runner", "worker")}
     assert Path("runner/host/planner.h") in host and Path("runner/src/protocol.cpp") in runner
+    assert Path("runner/kernels/llama_ops.h") in kernels & runner
     assert server == {Path("runner/worker/worker.cpp"), Path("runner/worker/worker.h")}
     for name, (module, deps) in stages.items():
         if Path("dflash_et/runtime/native.py") in closure(module):
             assert all(covered(f, deps) for f in host), f"{name} misses host library sources"
+        if Path("dflash_et/runtime/programs.py") in closure(module):
+            assert all(covered(f, deps) for f in kernels), f"{name} misses the kernels' sources"
         assert not any(covered(f, deps) for f in server), f"{name} depends on the server's worker"
         if name != "bench":
-            assert not any(covered(f, deps) for f in runner - host), f"{name} depends on dflash_runner's own sources"
+            assert not any(covered(f, deps) for f in runner - host - kernels), \
+                f"{name} depends on dflash_runner's own sources"
     assert all(covered(f, stages["bench"][1]) for f in runner - server)

@@ -106,6 +106,7 @@ def test_the_bench_measures_lookup_without_a_draft(target_alone_programs):
                                                                 block_sizes=(4,), latency_repeats=1))
     assert metrics["lossless"] and curve.max_block == BLOCK_SIZE
     assert "draft" not in metrics["auto_sources"] and set(metrics["auto_sources"]) <= {"lookup", "plain"}
+    assert sum(s["share"] for s in metrics["auto_sources"].values()) == pytest.approx(1)  # a round is one source's
 
 
 def test_serve_answers_with_lookup_without_a_draft(target_alone_programs, runner, tmp_path):

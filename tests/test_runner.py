@@ -69,6 +69,27 @@ def test_custom_sdpa_with_a_sliding_window_mask(kernels, start, queries):
         kernels.custom_sdpa(q, k, v, start, True, None, mask)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("start,queries", [(700, 1), (1290, 16), (1024, 9)])
+def test_custom_sdpa_over_long_caches_is_executorchs_and_row_exact(kernels, masked, start, queries):
+    """Caches of many key tiles, causal or under a window that masks most of them: ExecuTorch's numbers, and each
+    row's bits those of a one-query call at its position (a row's softmax and sums run alike in any call)."""
+    torch.manual_seed(start + masked)
+    cache = 1400
+    q = torch.randn(1, queries, 9, 64)
+    k, v = torch.randn(2, 1, cache, 3, 64)
+    rows, keys = torch.arange(start, start + queries)[:, None], torch.arange(cache)[None]
+    mask = torch.where((keys <= rows) & (keys > rows - 300), 0.0, float("-inf")) if masked else None
+
+    def ours(lo: int, hi: int) -> torch.Tensor:
+        return kernels.custom_sdpa(q[:, lo:hi].contiguous(), k, v, start + lo, not masked, None,
+                                   None if mask is None else mask[lo:hi].contiguous())
+
+    expected = reference_sdpa(q, k, v, start, not masked, None, mask)
+    torch.testing.assert_close(ours(0, queries), expected, atol=2e-5, rtol=1e-4)
+    assert torch.equal(ours(0, queries), torch.cat([ours(i, i + 1) for i in range(queries)], 1))
+
+
 def test_custom_sdpa_in_bfloat16(kernels):
     torch.manual_seed(0)
     q = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16)
@@ -141,6 +162,26 @@ def test_gated_delta_rule_refuses_bad_inputs(kernels):
 # ----------------------------------------------------------------------------------------- the loop
 
 
+@pytest.mark.parametrize("kind", ["programs", "quantized_shared_programs", "gemma_programs", "hybrid_programs"])
+def test_a_verifys_rows_are_one_token_calls_bit_for_bit_in_the_python_runtime(kind, request):
+    """The Python runtime runs the runner's kernels (keyed over ExecuTorch's own, native.use_runner_kernels), whose
+    rows do not depend on how many a call has: a 9-token call's logits are those of nine one-token calls at the same
+    positions, bit for bit, in fp32 and 8da4w (where the last bits of a row become other tokens through 8-bit
+    activations: ExecuTorch's custom_sdpa differs there by up to 3e-2 on these programs), with a sliding-window
+    ring (Gemma 4) and Gated DeltaNet layers (Qwen3.5). Greedy DFlash's exactness rests on it."""
+    programs = request.getfixturevalue(kind)
+    target, _ = load_programs(programs if isinstance(programs, Path) else programs[0])
+    ids = torch.randint(3, 500, (1, 40), generator=torch.Generator().manual_seed(0))
+
+    def logits(calls: list[range]) -> torch.Tensor:
+        target(ids[:, :16], torch.arange(16))  # the same prefill before each: the state of a hybrid's layers too
+        return torch.cat([target(ids[:, c.start:c.stop], torch.arange(c.start, c.stop))[0].clone() for c in calls], 1)
+
+    one_call = logits([range(16, 25)])
+    assert torch.equal(one_call, logits([range(i, i + 1) for i in range(16, 25)]))
+    assert torch.equal(one_call, logits([range(16, 19), range(19, 25)]))
+
+
 @pytest.fixture(scope="module")
 def prompts(programs):
     tok = tokenizer(programs)
@@ -152,7 +193,8 @@ def prompts(programs):
 def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner, prompts):
     """fp32 and 8da4w, with and without shared.ptd, two files or one (export.layout single), a draft with a
     context window, a DFlash2 draft (its proposals walked through its lattice): plain and DFlash at several
-    blocks, the same tokens and the same rounds (accepted proposals) as the Python engine."""
+    blocks, the same tokens and the same rounds (accepted proposals) as the Python engine, and DFlash's tokens plain
+    decoding's."""
     programs = request.getfixturevalue(kind)
     python = Engine(programs)
     blocks = (0, 2, 5, python.max_block_size)  # 0: plain decoding
@@ -165,6 +207,8 @@ def test_runner_emits_the_python_engines_tokens_and_rounds(kind, request, runner
         assert (cpp.max_context_len, cpp.max_block_size) == (python.max_context_len, python.max_block_size)
         ours = runs(cpp)
         assert cpp.peak_rss_kb > 0
+    plain = [g.tokens for g in theirs[::len(blocks)] for _ in blocks]
+    assert [g.tokens for g in theirs] == plain  # lossless at 8da4w too: both runners' kernels are row-exact
     for a, b in zip(ours, theirs):
         assert a.tokens == b.tokens
         assert [(r.verified, r.accepted) for r in a.rounds] == [(r.verified, r.accepted) for r in b.rounds]

@@ -233,7 +233,8 @@ def auto_sources(runs: Runs) -> dict[str, dict[str, float]]:
     (tokens a round) in them."""
     rounds = runs.rounds(AUTO)
     sources = {"draft": [r for r in rounds if r.drafted and not r.looked_up],
-               "lookup": [r for r in rounds if r.looked_up], "plain": [r for r in rounds if not r.drafted]}
+               "lookup": [r for r in rounds if r.drafted and r.looked_up],
+               "plain": [r for r in rounds if not r.drafted]}
     return {name: {"share": len(rs) / len(rounds), "tau": sum(r.emitted for r in rs) / len(rs)}
             for name, rs in sources.items() if rs}
 

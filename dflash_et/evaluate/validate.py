@@ -48,7 +48,7 @@ class ValidateConfig:
     prompt_set: str = "builtin"
     max_new_tokens: int = 32
     fp32: Limits = Limits(1e-3, 0.99, True)
-    reduced: Limits = Limits(0.05, 0.9, False)
+    reduced: Limits = Limits(0.05, 0.9, True)
     sampling: SamplingCheck = SamplingCheck()
 
     @classmethod

@@ -1,13 +1,14 @@
 """The host library (libdflash_host.so, runner/host/host_api.cpp): the cost curve and its measurement, auto's
 planners (a draft's and lookup's), a DFlash2 draft's lattice walk and lookup proposals, as the C++ runner runs them,
-called here by the Python engine.
+called here by the Python engine; and the runner's kernels (libdflash_llama_ops.so, runner/kernels/), which the
+programs this process loads run in place of ExecuTorch's own (`use_runner_kernels`).
 
-Each of those rules is written once, in runner/src/, so both runners make the same choices on the same rounds.
-The alternative, a Python twin for machines without a compiler, doubled every rule and constant and needed a
-lockstep test on private fields to keep them equal; the project's users build the C++ runner anyway (it is how
-the programs ship), and a DFlash draft at fixed blocks needs nothing of this. The library is built on first use in
-a process from the clone this package was installed from (`python -m runner.toolchain dflash_host`: a no-op once
-built, seconds after a change; the first build fetches the runner's tokenizer source too, as `make runner` does).
+Each of those rules and kernels is written once, in runner/, so both runners make the same choices on the same
+rounds and compute the same rows. The alternative, a Python twin for machines without a compiler, doubled every rule
+and constant and needed a lockstep test on private fields to keep them equal; the project's users build the C++
+runner anyway (it is how the programs ship). The libraries are built on first use in a process from the clone this
+package was installed from (`python -m runner.toolchain dflash_host dflash_llama_ops`: a no-op once built, seconds
+after a change; the first build fetches the runner's tokenizer source too, as `make runner` does).
 """
 
 import ctypes
@@ -25,6 +26,7 @@ from dflash_et.errors import UserError
 PACKAGE_CLONE = Path(__file__).resolve().parents[2]  # the clone this package is installed from (editable)
 BUILD = Path("runner") / "build"  # where `make runner` leaves the runner and its libraries, in a clone
 LIBRARY = "libdflash_host.so"
+KERNELS = "libdflash_llama_ops.so"  # built with it, beside it
 
 _i64, _f64, _ptr, _size, _text = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
 _ERROR = [_text, _size]  # (error, error_size): where a call that fails writes why
@@ -63,15 +65,15 @@ SIGNATURES = {  # name: (restype, argtypes), as host_api.cpp declares them
 
 
 def find_library() -> Path:
-    """libdflash_host.so: $DFLASH_HOST_LIBRARY; else built (or brought up to date) in the clone this package was
-    installed from, or the one built there when this machine has no cmake to check it with; else one beside a
-    dflash_runner on PATH (an installed runner)."""
+    """libdflash_host.so (libdflash_llama_ops.so beside it): $DFLASH_HOST_LIBRARY; else built (or brought up to
+    date) in the clone this package was installed from, or the one built there when this machine has no cmake to
+    check it with; else one beside a dflash_runner on PATH (an installed runner)."""
     if os.environ.get("DFLASH_HOST_LIBRARY"):
         return Path(os.environ["DFLASH_HOST_LIBRARY"])
     built = PACKAGE_CLONE / BUILD / LIBRARY
     if (PACKAGE_CLONE / "runner" / "CMakeLists.txt").is_file() and shutil.which("cmake"):
-        done = subprocess.run([sys.executable, "-m", "runner.toolchain", "dflash_host"], cwd=PACKAGE_CLONE,
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "runner.toolchain", "dflash_host", "dflash_llama_ops"],
+                              cwd=PACKAGE_CLONE, capture_output=True, text=True)
         if done.returncode:
             raise UserError((done.stderr.strip().splitlines() or ["building it failed"])[-1].removeprefix("error: "))
         return built
@@ -79,8 +81,8 @@ def find_library() -> Path:
     for library in (built, installed and Path(installed).parent / LIBRARY):
         if library and library.is_file():
             return library
-    raise UserError(f"block_size auto, DFlash2 drafts and lookup proposals need the runner's host library ({LIBRARY}), "
-                    "and it cannot be built here (no cmake, or no runner/ sources); run `make runner` in a clone of "
+    raise UserError(f"running programs needs the runner's host library ({LIBRARY}) and kernels ({KERNELS}), and "
+                    "they cannot be built here (no cmake, or no runner/ sources); run `make runner` in a clone of "
                     "dflash-et, or set DFLASH_HOST_LIBRARY to a built one")
 
 
@@ -92,6 +94,19 @@ def library() -> ctypes.CDLL:
         function = getattr(lib, name)
         function.restype, function.argtypes = restype, argtypes
     return lib
+
+
+@functools.cache
+def use_runner_kernels() -> None:
+    """Registers the C++ runner's kernels of llama::custom_sdpa and llama::gated_delta_rule (libdflash_llama_ops.so)
+    under kernel keys, which the programs loaded from then on prefer to ExecuTorch's own (the executorch wheel's,
+    registered without one): both runners then run one kernel, whose rows do not depend on how many a call has, so
+    that a verify's rows are bit for bit one-token decoding's, which greedy decoding's exactness at 8-bit activations
+    needs (runner/kernels/llama_ops.h)."""
+    kernels = find_library().parent / KERNELS
+    if not kernels.is_file():
+        raise UserError(f"{kernels} is missing beside {LIBRARY}; run `make runner` where it was built")
+    ctypes.CDLL(str(kernels)).dflash_register_llama_ops_keyed()
 
 
 def _text_of(call, *args) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from dflash_et.errors import REBUILD, ProgramError
 from dflash_et.metadata import DRAFT_METHOD, TARGET_METHOD, DraftMeta, Metadata, TargetMeta, method_name
+from dflash_et.runtime import native
 from dflash_et.runtime.runtime_log import errors_only
 
 # export.backend -> the id its delegate registers in the ExecuTorch runtime, and where that runtime has it
@@ -180,7 +181,8 @@ def max_block_len(target: TargetProgram, draft: DraftProgram | None) -> int:
 
 def _load(pte: Path, ptd: Path | None):
     """The program in `pte` (its weights in `ptd`), loaded by executorch.runtime with the llama:: kernels it
-    calls registered (before `load_method`, or loading fails with "Missing operator")."""
+    calls registered (before `load_method`, or loading fails with "Missing operator"): the C++ runner's, keyed over
+    ExecuTorch's own (`native.use_runner_kernels`)."""
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.runtime import Runtime
 
@@ -193,6 +195,7 @@ def _load(pte: Path, ptd: Path | None):
     why = missing_backend(pte.parent)
     if why:
         raise ProgramError(f"{pte}: {why}")
+    native.use_runner_kernels()
     try:
         return Runtime.get().load_program(pte, data_path=ptd)
     except RuntimeError as e:

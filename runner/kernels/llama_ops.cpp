@@ -68,13 +68,34 @@ void update_cache(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   }
 }
 
-constexpr int64_t kKeyBlock = 64;  // keys per tile: their K tile (64 x head_dim floats) stays in L1
+constexpr int64_t kKeyBlock = 64;  // keys per tile: their K or V tile (64 x head_dim floats) stays in L1
 constexpr int64_t kRowBlock = 16;  // query rows (of one kv head's group) per task
+constexpr int64_t kLanes = 16;     // partial sums of a softmax's denominator, added in a fixed order
+
+// exp(x) for the softmax (x <= 0): 2^n exp(r), n = round(x / ln 2), exp(r) by Cephes' polynomial (~1 ulp), 0 below
+// -87. Plain arithmetic (no floor, which GCC does not vectorize), so that a loop of it is vectorized; which elements
+// the vector code takes depends on the row's length alone, so a row's bits do not depend on the call.
+inline float softmax_exp(float x) {
+  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // rounded by adding 1.5 * 2^23
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.f;
+  const float two_n = __builtin_bit_cast(float, (static_cast<int32_t>(std::max(n, -126.f)) + 127) << 23);
+  return x < -87.f ? 0.f : y * two_n;
+}
 
 // Attention of `rows` query rows [first, first + rows) of kv head `kv`'s group in batch `b`, in float
 // whatever the tensors' dtype. Row r of the group is query m = r / group of head kv * group + r % group,
-// so each K and V row is read once for every query head that shares it. Scores are tiled: a tile of K
-// is transposed so that the inner loop runs over keys, which the compiler vectorizes without horizontal sums.
+// so each K and V tile is read once for every query head that shares it. Scores are tiled: a tile of K
+// is transposed so that the inner loop runs over keys, which the compiler vectorizes without horizontal sums;
+// then each row's softmax, then P V tile by tile. A row's numbers come from its own query, keys and values in the
+// same order whatever else the call holds (no reduction the compiler may reorder: kLanes partial sums, keys in
+// order), so a verify's rows are one-token calls' bit for bit: greedy decoding's exactness needs it.
 template <typename T>
 void attend(const Tensor& q, const Tensor& k, const Tensor& v, const T* mask, Tensor& out, int64_t start, bool causal,
             float scale, int64_t b, int64_t kv, int64_t first, int64_t rows) {
@@ -82,8 +103,13 @@ void attend(const Tensor& q, const Tensor& k, const Tensor& v, const T* mask, Te
   const int64_t group = hq / hkv, keys = mask ? s_max : start + sq;
   const T* kp = k.const_data_ptr<T>() + (b * s_max * hkv + kv) * d;  // key j at kp + j * hkv * d
   const T* vp = v.const_data_ptr<T>() + (b * s_max * hkv + kv) * d;
-  std::vector<float> query(rows * d), scores(rows * keys), tile(d * kKeyBlock, 0.f), acc(d);
-  std::vector<int64_t> seen(rows), offset(rows);  // keys each row attends to; where it lives in q and out
+  // per thread, kept between calls: a verify's scores (rows x keys) would cost page faults if allocated each time
+  thread_local std::vector<float> kept_query, kept_scores, kept_tile, kept_acc;
+  kept_query.resize(rows * d), kept_scores.resize(rows * keys), kept_tile.resize(d * kKeyBlock);
+  kept_acc.assign(rows * d, 0.f);
+  float *query = kept_query.data(), *scores = kept_scores.data(), *tile = kept_tile.data(), *acc = kept_acc.data();
+  float total[kRowBlock] = {};
+  int64_t seen[kRowBlock], offset[kRowBlock];  // keys each row attends to; where it lives in q and out
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t m = (first + r) / group, h = kv * group + (first + r) % group;
     seen[r] = causal ? start + m + 1 : keys;
@@ -112,20 +138,35 @@ void attend(const Tensor& q, const Tensor& k, const Tensor& v, const T* mask, Te
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {  // scores become exp(score - the row's max), and their sum
     float* row = &scores[r * keys];
-    const float best = *std::max_element(row, row + seen[r]);
-    float total = 0.f;
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t j = 0; j < seen[r]; ++j) {
-      const float p = std::exp(row[j] - best);
-      total += p;
-      const T* vrow = vp + j * hkv * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) acc[i] += p * static_cast<float>(vrow[i]);
+    const int64_t n = seen[r];
+    const float best = *std::max_element(row, row + n);
+    for (int64_t j = 0; j < n; ++j) row[j] = softmax_exp(row[j] - best);
+    float lanes[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[j + l];
     }
+    for (int64_t l = 0; j + l < n; ++l) lanes[l] += row[j + l];
+    for (int64_t l = 0; l < kLanes; ++l) total[r] += lanes[l];
+  }
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeyBlock) {  // P V, one V tile (in L1) for every row
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = &scores[r * keys];
+      float* a = &acc[r * d];
+      const int64_t end = std::min(j0 + kKeyBlock, seen[r]);
+      for (int64_t j = j0; j < end; ++j) {
+        const T* vrow = vp + j * hkv * d;
+        const float pj = p[j];
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) a[i] += pj * static_cast<float>(vrow[i]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
     T* orow = out.mutable_data_ptr<T>() + offset[r];
-    for (int64_t i = 0; i < d; ++i) orow[i] = static_cast<T>(acc[i] / total);
+    for (int64_t i = 0; i < d; ++i) orow[i] = static_cast<T>(acc[r * d + i] / total[r]);
   }
 }
 
@@ -293,4 +334,36 @@ void register_llama_ops() {
   (void)registered;
 }
 
+// Kernel keys: "v1/" then each tensor of the call's arguments (the return slot's too), in the schema's order, as
+// "<ScalarType>;<dim order>", joined by '|' (ExecuTorch's make_kernel_key_string). Contiguous float, bfloat16 and
+// half tensors: what the programs' calls pass (q, k, v, [attn_mask,] out, out again as the returned value;
+// gated_delta_rule's eight, with a 3- or 4-dim decay, and a list as its returned value).
+#define DFLASH_4D(t) t ";0,1,2,3"
+#define DFLASH_SDPA_KEYS(t)                                                                                  \
+  "v1/" DFLASH_4D(t) "|" DFLASH_4D(t) "|" DFLASH_4D(t) "|" DFLASH_4D(t) "|" DFLASH_4D(t),                     \
+      "v1/" DFLASH_4D(t) "|" DFLASH_4D(t) "|" DFLASH_4D(t) "|" t ";0,1" "|" DFLASH_4D(t) "|" DFLASH_4D(t)
+#define DFLASH_DELTA_KEY(decay)                                                                  \
+  "v1/" DFLASH_4D("6") "|" DFLASH_4D("6") "|" DFLASH_4D("6") "|" decay "|6;0,1,2|" DFLASH_4D("6") "|" \
+      DFLASH_4D("6") "|" DFLASH_4D("6")
+
+void register_llama_ops_keyed() {
+  static const bool registered = [] {
+    using executorch::runtime::Kernel;
+    using executorch::runtime::KernelKey;
+    static constexpr const char* sdpa_keys[] = {DFLASH_SDPA_KEYS("6"), DFLASH_SDPA_KEYS("15"), DFLASH_SDPA_KEYS("5")};
+    static constexpr const char* delta_keys[] = {DFLASH_DELTA_KEY("6;0,1,2"), DFLASH_DELTA_KEY("6;0,1,2,3")};
+    static std::vector<Kernel> kernels;
+    for (const char* key : sdpa_keys) kernels.emplace_back("llama::custom_sdpa.out", KernelKey(key), custom_sdpa);
+    for (const char* key : delta_keys) {
+      kernels.emplace_back("llama::gated_delta_rule.out", KernelKey(key), gated_delta_rule);
+    }
+    const Error error = executorch::runtime::register_kernels({kernels.data(), kernels.size()});
+    ET_CHECK_MSG(error == Error::Ok, "registering the keyed llama kernels failed");
+    return true;
+  }();
+  (void)registered;
+}
+
 }  // namespace dflash
+
+extern "C" void dflash_register_llama_ops_keyed() { dflash::register_llama_ops_keyed(); }

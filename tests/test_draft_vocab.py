@@ -1,10 +1,12 @@
 """export.draft_vocab: the draft's head over the tokens its target emits, its N logits read by the runners at their ids."""
 
+import shutil
+
 import pytest
 import torch
 
 from tests.tiny_checkpoints import DFLASH2, chat_checkpoint, random_draft
-from tests.tiny_programs import REDUCED_VOCAB, validate_config
+from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK, REDUCED_VOCAB, validate_config
 from dflash_et.data.emitted import TOKEN_COUNTS, coverage, kept_ids, read_counts, write_counts
 from dflash_et.errors import ExportError
 from dflash_et.export.config import ExportConfig
@@ -78,6 +80,22 @@ def test_a_reduced_dflash2_head_gives_the_same_lattice_when_its_candidates_are_k
         ours = reduced[1](block, taps, POS)
     assert torch.equal(ours[0], ref[0]) and not torch.equal(ours[0], torch.searchsorted(reduced[1].vocab_ids, ref[0]))
     torch.testing.assert_close(ours[1:], ref[1:], rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_programs_with_a_reduced_head_validate_against_the_fp32_models(programs, trained_pair, tmp_path):
+    """validate's fp32 reference for reduced-precision programs loads the fp32 models with the programs' draft head:
+    an 8da8w draft scoring 512 tokens beside the fp32 target is compared with a fp32 draft of 512 (it was compared
+    with the full head, and failed on the shapes)."""
+    from dflash_et.evaluate.validate import validate
+    from dflash_et.export.lower import export_program
+
+    shutil.copytree(programs, tmp_path / "programs")
+    export_program("draft", *trained_pair, ExportConfig(max_seq_len=MAX_SEQ_LEN, prefill_chunk=PREFILL_CHUNK,
+                                                        quantize="8da8w", draft_vocab=REDUCED_VOCAB),
+                   tmp_path / "programs")
+    report = validate(tmp_path / "programs", *trained_pair, validate_config(sampling={"samples": 100, "prompts": 1}))
+    assert report["lossless"] and 0 < report["fp32_reference"]["token_agreement"] <= 1
+    assert report["draft_rel_err"] < 0.05
 
 
 def test_reduced_vocab_programs_validate_lossless_and_propose_only_kept_tokens(reduced_vocab_programs, trained_pair):

@@ -9,7 +9,7 @@ same target.pte emits, and sampled DFlash must have the distribution of target.p
 (model.draft: none) are checked the same way, their proposals lookup's.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +20,6 @@ from dflash_et.runtime.adaptive import AUTO, auto_planner, lookup_planner
 from dflash_et.runtime.cost_curve import measure_cost_curve
 from dflash_et.runtime.generate import generate_ar, generate_dflash, unread
 from dflash_et.checkpoints.load import checkpoint_id, has_draft
-from dflash_et.checkpoints.pair import load_pair
 from dflash_et.evaluate.same_distribution import SamplingCheck, check_sampling
 from dflash_et.runtime.programs import ProgramError, export_summary, load_programs, max_block_len, missing_backend
 from dflash_et.data.chat import encode_chat, tokenizer
@@ -242,9 +241,11 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     numerics = compare_numerics(programs, eager, prompts, labels)
     eos = set(programs[0].meta.eos_ids)
     exact = export_config.quantize == "none" and export_config.dtype == "fp32"
-    # What the reduced precision costs the model itself: the program against the fp32 weights it came from
-    fp32 = None if exact else compare_numerics(programs, load_pair(target_dir, draft_dir, programs[0].meta.max_context_len),
-                                               prompts, labels)
+    # What the reduced precision costs the model itself: the program against the fp32 models it came from (with the
+    # programs' draft head: export.draft_vocab)
+    full_precision = replace(export_config, dtype="fp32", quantize="none", draft_head="same")
+    fp32 = None if exact else compare_numerics(
+        programs, load_models(target_dir, draft_dir, full_precision, programs[0].meta.max_context_len), prompts, labels)
     limits = config.fp32 if exact else config.reduced
     oracle = against_transformers(programs, target_dir, list(programs[0].meta.target_layer_ids), prompts, labels, eos,
                                   config.max_new_tokens) if exact else \

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include <executorch/runtime/core/event_tracer_hooks.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/kernel/kernel_includes.h>
 #include <executorch/runtime/kernel/operator_registry.h>
@@ -48,6 +49,7 @@ bool check(KernelRuntimeContext& ctx, bool ok, const char* op, const char* why) 
 void update_cache(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   // stack: value, cache, start_pos, out (unused placeholder), return slot
   const char* op = "llama::update_cache.out";
+  executorch::runtime::internal::EventTracerProfileOpScope profiled(ctx.internal_event_tracer(), op);  // in ETDump
   const Tensor& value = stack[0]->toTensor();
   Tensor& cache = stack[1]->toTensor();
   const int64_t start = stack[2]->toInt();
@@ -173,6 +175,7 @@ void attend(const Tensor& q, const Tensor& k, const Tensor& v, const T* mask, Te
 void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   // stack: q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out, return slot
   const char* op = "llama::custom_sdpa.out";
+  executorch::runtime::internal::EventTracerProfileOpScope profiled(ctx.internal_event_tracer(), op);  // in ETDump
   const Tensor& q = stack[0]->toTensor();
   const Tensor& k = stack[1]->toTensor();
   const Tensor& v = stack[2]->toTensor();
@@ -226,6 +229,7 @@ void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
 void gated_delta_rule(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   // stack: query, key, value, decay, beta, initial_state, out, final_state_out, return slot (a list of both outs)
   const char* op = "llama::gated_delta_rule.out";
+  executorch::runtime::internal::EventTracerProfileOpScope profiled(ctx.internal_event_tracer(), op);  // in ETDump
   const Tensor& q = stack[0]->toTensor();
   const Tensor& k = stack[1]->toTensor();
   const Tensor& v = stack[2]->toTensor();

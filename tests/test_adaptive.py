@@ -303,6 +303,19 @@ def test_without_cmake_a_clone_uses_the_library_built_there(monkeypatch, tmp_pat
     assert native.find_library() == built
 
 
+def test_a_host_library_without_its_kernels_beside_it_is_one_line(tmp_path):
+    """DFLASH_HOST_LIBRARY (or an installed runner) naming a host library whose kernels were not copied with it."""
+    from dflash_et.runtime import native
+
+    host = tmp_path / native.LIBRARY
+    host.write_bytes(b"")
+    with pytest.raises(UserError, match=r"libdflash_llama_ops.so is missing beside libdflash_host.so; run `make "
+                                        r"runner` where it was built$"):
+        native.kernels_beside(host)
+    (tmp_path / native.KERNELS).write_bytes(b"")
+    assert native.kernels_beside(host) == tmp_path / native.KERNELS
+
+
 def test_a_failed_build_of_the_planner_is_the_toolchains_one_line(monkeypatch, tmp_path):
     """The toolchain's own `error: ...` line (here a stand-in's) becomes the UserError, without its prefix."""
     from dflash_et.runtime import native

@@ -87,9 +87,15 @@ def find_library() -> Path:
 
 
 @functools.cache
+def _found() -> Path:
+    """find_library's answer, once per process (it runs the build): the host library and the kernels share it."""
+    return find_library()
+
+
+@functools.cache
 def library() -> ctypes.CDLL:
     """The host library, loaded once per process with its functions' signatures."""
-    lib = ctypes.CDLL(str(find_library()))
+    lib = ctypes.CDLL(str(_found()))
     for name, (restype, argtypes) in SIGNATURES.items():
         function = getattr(lib, name)
         function.restype, function.argtypes = restype, argtypes
@@ -103,10 +109,15 @@ def use_runner_kernels() -> None:
     registered without one): both runners then run one kernel, whose rows do not depend on how many a call has, so
     that a verify's rows are bit for bit one-token decoding's, which greedy decoding's exactness at 8-bit activations
     needs (runner/kernels/llama_ops.h)."""
-    kernels = find_library().parent / KERNELS
+    ctypes.CDLL(str(kernels_beside(_found()))).dflash_register_llama_ops_keyed()
+
+
+def kernels_beside(host: Path) -> Path:
+    """The kernels library built with the host library `host` (beside it), or the one-line error that says so."""
+    kernels = host.parent / KERNELS
     if not kernels.is_file():
-        raise UserError(f"{kernels} is missing beside {LIBRARY}; run `make runner` where it was built")
-    ctypes.CDLL(str(kernels)).dflash_register_llama_ops_keyed()
+        raise UserError(f"{kernels} is missing beside {host.name}; run `make runner` where it was built")
+    return kernels
 
 
 def _text_of(call, *args) -> str:

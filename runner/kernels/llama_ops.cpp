@@ -37,6 +37,11 @@ using executorch::runtime::EValue;
 using executorch::runtime::KernelRuntimeContext;
 using executorch::runtime::Span;
 
+// The operators' names: what each kernel is registered under, says in its errors and is profiled as
+constexpr const char* kUpdateCache = "llama::update_cache.out";
+constexpr const char* kCustomSdpa = "llama::custom_sdpa.out";
+constexpr const char* kGatedDeltaRule = "llama::gated_delta_rule.out";
+
 // Reports a kernel failure: the runtime logs `why` and stops the program's execution with `error`.
 bool check(KernelRuntimeContext& ctx, bool ok, const char* op, const char* why) {
   if (!ok) {
@@ -48,7 +53,7 @@ bool check(KernelRuntimeContext& ctx, bool ok, const char* op, const char* why) 
 
 void update_cache(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   // stack: value, cache, start_pos, out (unused placeholder), return slot
-  const char* op = "llama::update_cache.out";
+  const char* op = kUpdateCache;
   executorch::runtime::internal::EventTracerProfileOpScope profiled(ctx.internal_event_tracer(), op);  // in ETDump
   const Tensor& value = stack[0]->toTensor();
   Tensor& cache = stack[1]->toTensor();
@@ -174,7 +179,7 @@ void attend(const Tensor& q, const Tensor& k, const Tensor& v, const T* mask, Te
 
 void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   // stack: q, k, v, start_pos, attn_mask, dropout_p, is_causal, scale, out, return slot
-  const char* op = "llama::custom_sdpa.out";
+  const char* op = kCustomSdpa;
   executorch::runtime::internal::EventTracerProfileOpScope profiled(ctx.internal_event_tracer(), op);  // in ETDump
   const Tensor& q = stack[0]->toTensor();
   const Tensor& k = stack[1]->toTensor();
@@ -228,7 +233,7 @@ void custom_sdpa(KernelRuntimeContext& ctx, Span<EValue*> stack) {
 
 void gated_delta_rule(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   // stack: query, key, value, decay, beta, initial_state, out, final_state_out, return slot (a list of both outs)
-  const char* op = "llama::gated_delta_rule.out";
+  const char* op = kGatedDeltaRule;
   executorch::runtime::internal::EventTracerProfileOpScope profiled(ctx.internal_event_tracer(), op);  // in ETDump
   const Tensor& q = stack[0]->toTensor();
   const Tensor& k = stack[1]->toTensor();
@@ -322,9 +327,9 @@ void gated_delta_rule(KernelRuntimeContext& ctx, Span<EValue*> stack) {
 
 executorch::runtime::Span<const executorch::runtime::Kernel> llama_kernels() {
   static const executorch::runtime::Kernel kernels[] = {
-      executorch::runtime::Kernel("llama::update_cache.out", update_cache),
-      executorch::runtime::Kernel("llama::custom_sdpa.out", custom_sdpa),
-      executorch::runtime::Kernel("llama::gated_delta_rule.out", gated_delta_rule),
+      executorch::runtime::Kernel(kUpdateCache, update_cache),
+      executorch::runtime::Kernel(kCustomSdpa, custom_sdpa),
+      executorch::runtime::Kernel(kGatedDeltaRule, gated_delta_rule),
   };
   return {kernels, 3};
 }
@@ -357,9 +362,9 @@ void register_llama_ops_keyed() {
     static constexpr const char* sdpa_keys[] = {DFLASH_SDPA_KEYS("6"), DFLASH_SDPA_KEYS("15"), DFLASH_SDPA_KEYS("5")};
     static constexpr const char* delta_keys[] = {DFLASH_DELTA_KEY("6;0,1,2"), DFLASH_DELTA_KEY("6;0,1,2,3")};
     static std::vector<Kernel> kernels;
-    for (const char* key : sdpa_keys) kernels.emplace_back("llama::custom_sdpa.out", KernelKey(key), custom_sdpa);
+    for (const char* key : sdpa_keys) kernels.emplace_back(kCustomSdpa, KernelKey(key), custom_sdpa);
     for (const char* key : delta_keys) {
-      kernels.emplace_back("llama::gated_delta_rule.out", KernelKey(key), gated_delta_rule);
+      kernels.emplace_back(kGatedDeltaRule, KernelKey(key), gated_delta_rule);
     }
     const Error error = executorch::runtime::register_kernels({kernels.data(), kernels.size()});
     ET_CHECK_MSG(error == Error::Ok, "registering the keyed llama kernels failed");

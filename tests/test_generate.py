@@ -39,18 +39,24 @@ def dflash(models, prompt, block, n=24, eos=frozenset(), draft=None, max_seq_len
                            settings.mask_token_id)
 
 
-def test_ar_matches_transformers_generate(pair, models, prompts):
+@pytest.fixture(scope="module")
+def plain(models, prompts) -> list[tuple[list[int], list[int]]]:
+    """(prompt, plain greedy decoding's 24 tokens) of the first four prompts: what every block must give."""
+    return [(ids, ar(models, ids).tokens) for ids in encode(prompts)[:4]]
+
+
+def test_ar_matches_transformers_generate(pair, plain):
     hf = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
-    for ids in encode(prompts)[:4]:
+    for ids, tokens in plain:
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                           pad_token_id=0)[0, len(ids):].tolist()
-        assert ar(models, ids).tokens == ref
+        assert tokens == ref
 
 
 @pytest.mark.parametrize("block", range(2, 17))
-def test_dflash_with_trained_layout_draft_is_lossless(models, prompts, block):
-    for ids in encode(prompts)[:4]:
-        assert dflash(models, ids, block).tokens == ar(models, ids).tokens
+def test_dflash_with_trained_layout_draft_is_lossless(models, plain, block):
+    for ids, tokens in plain:
+        assert dflash(models, ids, block).tokens == tokens
 
 
 class OracleDraft:

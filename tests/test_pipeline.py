@@ -19,8 +19,8 @@ from tests.tiny_checkpoints import chat_checkpoint
 SMALL = {"model": {"draft": "train"},  # block_size: auto (the default)  # the target: a local Llama-layout checkpoint (no mask token)
          "train_draft": {"steps": 30, "num_prompts": 12, "heldout": 2, "max_new_tokens": 16, "block_size": 4,
                          "anchors": 4, "num_layers": 1},
-         "export": {"max_seq_len": 128, "prefill_chunk": 16}, "validate": {"prompts": 2, "max_new_tokens": 12,
-                                                                        "sampling": {"samples": 200, "prompts": 1}},
+         "export": {"max_seq_len": 128, "prefill_chunk": 16, "stock_forward": False},  # forward: test_metadata
+         "validate": {"prompts": 2, "max_new_tokens": 12, "sampling": {"samples": 200, "prompts": 1}},
          "bench": {"num_prompts": 3, "long_prompts": 1, "max_new_tokens": 12, "latency_repeats": 1, "repeats": 1}}
 pytestmark = pytest.mark.slow  # runs the pipeline: it lowers programs
 ALL_STAGES = {"fetch_target", "fetch_draft", "export_target", "export_draft", "export_single", "package", "validate", "bench",

@@ -80,9 +80,10 @@ def served(programs: Path, runner: Path, log: Path, *flags: str):
 @pytest.fixture(scope="module")
 def programs(trained_pair, tmp_path_factory) -> Path:
     """The trained pair's programs with room for a tool-calling request (ExecuTorch's contract suite asks for a
-    128-token reply after a prompt that declares a tool: 155 tokens), where the other tests' programs hold 128."""
+    128-token reply after a prompt that declares a tool: 155 tokens), where the other tests' programs hold 128.
+    The workers call `target` and `draft` alone: no stock `forward`."""
     def build(root: Path) -> None:
-        build_programs(trained_pair, root, max_seq_len=320)
+        build_programs(trained_pair, root, max_seq_len=320, stock_forward=False)
 
     return built_once(tmp_path_factory, "serve-programs", build) / "programs"
 

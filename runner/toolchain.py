@@ -17,7 +17,7 @@ BUILD = SOURCES / "build"
 # and their third-party/ (the wheels ship headers alone)
 TOKENIZERS = Sdist("pytorch-tokenizers", "1.0.1", "19938c0efd5348fb0589610094c1c6bf6e055b20889f6250068d2b552a0b137b",
                    "the tokenizers library's source")
-PATCH = SOURCES / "patches" / f"pytorch-tokenizers-{TOKENIZERS.version}.patch"  # use_regex, string merges, NFC, quiet RE2
+PATCH = SOURCES / "patches" / f"pytorch-tokenizers-{TOKENIZERS.version}.patch"  # use_regex, string merges, NFC, PCRE2 alone
 
 
 def tokenizers_source(cache: Path | None = None) -> Path:

@@ -15,7 +15,8 @@ from dflash_et.export.package import TOKENIZER_FILES, merge_weights, package
 from dflash_et.evaluate.validate import ValidateConfig, call_plan, check_lossless, validate
 from dflash_et.runtime.programs import DraftProgram, TargetProgram, load_programs
 from tests.tiny_checkpoints import checkpoint_facts
-from tests.tiny_programs import MAX_SEQ_LEN, PREFILL_CHUNK, QUICK_SAMPLING_CHECK, numerics, validate_config
+from tests.tiny_programs import (MAX_SEQ_LEN, PREFILL_CHUNK, QUICK_SAMPLING_CHECK, flat_cost_curve, numerics,
+                                 validate_config)
 
 
 def test_programs_match_eager_models(programs, trained_pair):
@@ -50,17 +51,12 @@ def test_programs_are_self_describing(programs, trained_pair):
 def test_dflash_over_programs_accepts_proposals_and_is_lossless(programs, trained_pair, monkeypatch):
     """The trained draft's proposals are mostly accepted through the programs (so the draft's context
     cache after accepted rounds is exercised), at every block size, and DFlash stays exact. auto plans by a fixed
-    curve (verifying costs what a plain step does, a draft call half that), as test_bench's does: a curve timed once
-    beside another test worker can say drafting never pays (CI of 6062c6b: tau_auto 1.13-1.56 on four of six
-    prompts), and what auto does here is the draft's to decide, not the machine's load."""
+    curve (flat_cost_curve): what it does here is the draft's to decide, not the machine's load."""
     import dflash_et.evaluate.validate as validate_module
     from dflash_et.data.chat import encode_chat, tokenizer
     from dflash_et.data.prompts import builtin_prompts
-    from dflash_et.runtime.cost_curve import CostCurve
 
-    monkeypatch.setattr(validate_module, "measure_cost_curve",
-                        lambda target, draft, max_block, *args, **kwargs: CostCurve(
-                            [0], [[1.0] * max_block], [[0.5] * (max_block - 1)]))
+    monkeypatch.setattr(validate_module, "measure_cost_curve", flat_cost_curve)
 
     progs = load_programs(programs)
     facts = checkpoint_facts(trained_pair)

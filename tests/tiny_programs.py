@@ -90,6 +90,16 @@ def build_programs(pair, out: Path, **export_params) -> Path:
     return out / "programs"
 
 
+def flat_cost_curve(target, draft, max_block: int, max_seq_len: int, mask_token_id: int | None, prefill_chunk: int,
+                    repeats: int = 5, programs: str = ""):
+    """A stand-in for `measure_cost_curve` (its signature): verifying costs what a plain step does, a draft call half
+    that, as on a device with spare compute. Tests that assert what `auto` does plan by it, since a curve timed once
+    beside another test worker can say drafting never pays (CI saw tau_auto 1.03-1.56 on tiny programs)."""
+    from dflash_et.runtime.cost_curve import CostCurve
+
+    return CostCurve([64], [[1.0] * max_block], [[0.5] * (max_block - 1)], programs=programs)
+
+
 REDUCED_VOCAB = 512  # reduced_vocab_programs' draft head: a quarter of the built-in vocabulary
 
 

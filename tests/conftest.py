@@ -11,10 +11,11 @@ import pytest
 
 from dflash_et.checkpoints.fetch import fetch
 from tests import REPO
+from tests.family_targets import family_target
 from tests.tiny_checkpoints import (DFLASH2, SMALL_DRAFT_TRAINING, SMALL_TARGET, SMALL_TARGET_TRAINING, gemma_draft,
                                     random_checkpoint, random_draft)
-from tests.tiny_programs import (MAX_SEQ_LEN, PREFILL_CHUNK, REDUCED_VOCAB, SUCCESSOR_SCALE, WINDOW, build_programs,
-                                 built_once)
+from tests.tiny_programs import (MAX_SEQ_LEN, PREFILL_CHUNK, REDUCED_VOCAB, SUCCESSOR_SCALE, TOOL_ROOM, WINDOW,
+                                 build_programs, built_once)
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # Test oracles (z-lab's `dflash`) are installed outside the runtime environment (see the Makefile).
@@ -201,16 +202,15 @@ def trained_dflash2_programs(programs, trained_pair, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_programs(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """(programs, target, draft): fp32 XNNPACK programs of a random Gemma 4 pair (randomized norms and layer
-    scalars, window 4, so the ring-buffer sliding caches wrap) with the built-in Gemma 4 tokenizer and chat
-    format, as the pipeline builds them."""
-    from dflash_et.checkpoints import builtin
-    from dflash_et.checkpoints.families import gemma4
+    """(programs, target, draft): fp32 XNNPACK programs of a small trained Gemma 4 target (tests/targets/gemma4:
+    window 4, so the ring-buffer sliding caches wrap; it calls the tools a request declares, in Gemma 4's format) and
+    a random draft, as the pipeline builds them. (Its layer scalars are 1: random ones are checked on the eager
+    model, tests/test_model.py.)"""
 
     def build(root: Path) -> None:
-        target = random_checkpoint(root / "target", "gemma4_text", vocab_size=builtin.VOCAB_SIZE)
-        builtin.build_tokenizer(**gemma4.FAMILY.builtin.tokenizer).save_pretrained(target)
-        build_programs((target, gemma_draft(root / "draft", target)), root, stock_forward=False)
+        fetch("target", str(family_target("gemma4")), root / "target")
+        build_programs((root / "target", gemma_draft(root / "draft", root / "target")), root, max_seq_len=TOOL_ROOM,
+                       stock_forward=False)
 
     root = built_once(tmp_path_factory, "gemma-programs", build)
     return root / "programs", root / "target", root / "draft"
@@ -218,15 +218,13 @@ def gemma_programs(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="session")
 def hybrid_programs(tmp_path_factory) -> tuple[Path, tuple[Path, Path]]:
-    """(programs, (target, draft)): fp32 XNNPACK programs of a random hybrid (Qwen3.5) pair with the built-in
-    Qwen3.5 tokenizer and chat format (calls in XML), as the pipeline builds them."""
-    from dflash_et.checkpoints import builtin
-    from dflash_et.checkpoints.families import qwen3_5
+    """(programs, (target, draft)): fp32 XNNPACK programs of a small trained hybrid (Qwen3.5) target
+    (tests/targets/qwen3_5: it calls declared tools, in XML) and a random draft, as the pipeline builds them."""
 
     def build(root: Path) -> None:
-        target = random_checkpoint(root / "target", "qwen3_5_text", vocab_size=builtin.VOCAB_SIZE)
-        builtin.build_tokenizer(**qwen3_5.FAMILY.builtin.tokenizer).save_pretrained(target)
-        build_programs((target, random_draft(root / "draft", target, num_layers=2)), root, stock_forward=False)
+        fetch("target", str(family_target("qwen3_5")), root / "target")
+        build_programs((root / "target", random_draft(root / "draft", root / "target", num_layers=2)), root,
+                       max_seq_len=TOOL_ROOM, stock_forward=False)
 
     root = built_once(tmp_path_factory, "hybrid-programs", build)
     return root / "programs", (root / "target", root / "draft")

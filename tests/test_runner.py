@@ -275,14 +275,23 @@ def test_runner_edges_of_the_cache_budget_and_eos(programs, runner, prompts):
 
 def test_the_cpp_runner_streams_each_round_as_it_is_accepted(programs, runner, prompts):
     """CppEngine speaks the worker protocol (--worker --ids): each round's tokens reach `on_tokens` as the runner
-    accepts them, in order and together the generation's tokens, the first while the rest are still decoding."""
+    accepts them, in order and together the generation's tokens, the first while the rest are still decoding. A
+    runner that held its output back delivers every chunk at once on every try; a streaming one spreads them over the
+    decoding unless this process gets no CPU for all of it (the test programs decode 32 tokens in 2 ms: CI under
+    load once read them 28 us apart), so a generation may be tried again."""
     with CppEngine(programs, runner, threads=1) as cpp:
         for decode in (cpp.ar, cpp.dflash):
-            chunks = []
-            g = decode(prompts[1], 32, on_tokens=lambda new: chunks.append((time.perf_counter(), list(new))))
-            assert [t for _, chunk in chunks for t in chunk] == g.tokens
-            assert len(chunks) >= len(g.rounds) > 4
-            assert chunks[-1][0] - chunks[0][0] >= 0.5 * sum(r.total_s for r in g.rounds[1:])
+            spans = []
+            for _ in range(5):
+                chunks = []
+                g = decode(prompts[1], 32, on_tokens=lambda new: chunks.append((time.perf_counter(), list(new))))
+                assert [t for _, chunk in chunks for t in chunk] == g.tokens
+                assert len(chunks) >= len(g.rounds) > 4
+                spans.append((chunks[-1][0] - chunks[0][0], sum(r.total_s for r in g.rounds[1:])))
+                if spans[-1][0] >= 0.5 * spans[-1][1]:
+                    break
+            else:
+                pytest.fail(f"{decode.__name__}: every try's chunks came together (s apart, s decoding): {spans}")
 
 
 def test_cli_runner_cpp(programs, runner, capsys):

@@ -36,7 +36,7 @@ from executorch.examples.llm_server.python.server import build_app
 from executorch.examples.llm_server.python.tool_parsers import (GemmaToolCallDetector, HermesDetector,
                                                                 QwenFunctionCallDetector)
 
-from tests.tiny_programs import build_programs, built_once
+from tests.tiny_programs import TOOL_ROOM, build_programs, built_once
 
 CONTRACT = Path(llm_server.__file__).parent / "conformance" / "test_openai_contract.py"
 MODEL = "dflash-et"
@@ -79,11 +79,10 @@ def served(programs: Path, runner: Path, log: Path, *flags: str):
 
 @pytest.fixture(scope="module")
 def programs(trained_pair, tmp_path_factory) -> Path:
-    """The trained pair's programs with room for a tool-calling request (ExecuTorch's contract suite asks for a
-    128-token reply after a prompt that declares a tool: 155 tokens), where the other tests' programs hold 128.
-    The workers call `target` and `draft` alone: no stock `forward`."""
+    """The trained pair's programs with room for a tool-calling request (TOOL_ROOM), where the other tests' programs
+    hold 128. The workers call `target` and `draft` alone: no stock `forward`."""
     def build(root: Path) -> None:
-        build_programs(trained_pair, root, max_seq_len=320, stock_forward=False)
+        build_programs(trained_pair, root, max_seq_len=TOOL_ROOM, stock_forward=False)
 
     return built_once(tmp_path_factory, "serve-programs", build) / "programs"
 
@@ -100,16 +99,16 @@ FAMILIES = ["programs", "gemma_programs", "hybrid_programs"]  # the built-in pai
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_server(request, tmp_path_factory):
-    """(url, log, programs, trained) of `dflash serve` on each family's programs: the built-in pair's server
-    (trained: its target calls tools), or one on the random Gemma 4 or hybrid pair's (tests/conftest.py)."""
+    """(url, log, programs) of `dflash serve` on each family's programs: the built-in pair's server, or one on the
+    Gemma 4 or hybrid pair's (tests/conftest.py); each target was trained to call the tools a request declares."""
     if request.param == "programs":
         url, log = request.getfixturevalue("server")
-        yield url, log, request.getfixturevalue("programs"), True
+        yield url, log, request.getfixturevalue("programs")
         return
     programs = request.getfixturevalue(request.param)[0]
     log = tmp_path_factory.mktemp("serve") / "server.log"
     with served(programs, request.getfixturevalue("runner"), log) as (url, _):
-        yield url, log, programs, False
+        yield url, log, programs
 
 
 def generated(programs: Path, capsys, prompt: str, max_tokens: int) -> str:
@@ -140,16 +139,15 @@ def turn_stats(log: Path) -> list[dict]:
 
 def test_executorch_contract_suite_passes(family_server, tmp_path):
     """ExecuTorch's language-neutral OpenAI contract suite against `dflash serve` on each family's programs: all of
-    it on the built-in pair's, whose tool-call test asks for the weather through a declared tool (the built-in
-    target learned to call the tools a request declares, data.tool_chats); on the random Gemma 4 and hybrid
-    pairs', which call no tool, all but that test."""
-    url, _, _, trained = family_server
+    it, whose tool-call test asks for the weather through a declared tool (the small targets learned to call the
+    tools a request declares in their family's format, data.tool_chats), and the server parses the call as
+    ExecuTorch's server for the family does."""
+    url, _, _ = family_server
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    run = subprocess.run([sys.executable, "-m", "pytest", str(CONTRACT), "-q", "-p", "no:cacheprovider", "-rs",
-                          *([] if trained else ["-k", "not tool_call"])],
+    run = subprocess.run([sys.executable, "-m", "pytest", str(CONTRACT), "-q", "-p", "no:cacheprovider", "-rs"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OPENAI_BASE_URL": url, "OPENAI_MODEL": MODEL})
-    assert run.returncode == 0 and f"{7 if trained else 6} passed" in run.stdout and "skipped" not in run.stdout, \
+    assert run.returncode == 0 and "7 passed" in run.stdout and "skipped" not in run.stdout, \
         run.stdout + run.stderr
 
 
@@ -221,9 +219,8 @@ def test_a_conversation_reuses_its_cache_and_answers_as_from_scratch(family_serv
     server built, in which its earlier replies are the ids it generated (ExecuTorch's OpenAITranscriptState), as
     the family's content filter shows it. The same turns without a session (the history re-rendered by the
     template) answer as plain greedy decoding of `encode_chat`, what `dflash generate` reads; after a reset the
-    session's next turn runs all of its prompt. (Replies of 8 tokens: a random target's, re-rendered as text, take
-    more tokens than it wrote, and all turns fit the test programs' 128.)"""
-    url, log, programs, _ = family_server
+    session's next turn runs all of its prompt. (Replies of 8 tokens, so that all turns fit the programs.)"""
+    url, log, programs = family_server
     client = openai.OpenAI(base_url=url, api_key="none")
     tok, engine = tokenizer(programs), Engine(programs)
     template, serving = chat_format(programs)

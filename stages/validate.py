@@ -21,6 +21,10 @@ def main(argv: list[str]) -> None:
     draft = f"draft_rel_err={report['draft_rel_err']:.2e}" if "draft_rel_err" in report else "no draft (lookup)"
     print(f"[validate] lossless={report['lossless']} ({report['lossless_fraction']:.0%} of runs) "
           f"target_rel_err={report['target_rel_err']:.2e} {draft} token_agreement={report['token_agreement']:.4f}")
+    q = report["quantized_model"]
+    if "skipped" not in q:
+        print(f"[validate] the quantization itself (the eager twin against the fp32 model): token agreement "
+              f"{q['token_agreement']:.4f}, relative error {q['target_rel_err']:.2e} (as far may the target be from its twin)")
     s = report["sampling"]
     print(f"[validate] sampled DFlash vs target.pte's distribution: {s['tests']} chi-square tests over {s['samples']} "
           f"completions each, smallest p-value {s['min_p_value']:.3g} (threshold {s['threshold']:.2g}), largest total variation "

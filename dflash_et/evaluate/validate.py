@@ -89,19 +89,24 @@ def _rel(a: torch.Tensor | tuple, b: torch.Tensor | tuple) -> tuple[float, float
     return err, err / max(b.abs().max().item(), 1e-12)
 
 
-def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str]) -> dict:
+def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str], fp32=None) -> dict:
     """Worst absolute/relative errors of both programs (the target's alone without a draft) and the target's argmax
-    agreement."""
+    agreement. With `fp32`, the fp32 models of a reduced-precision export, the same calls also say what the reduced
+    precision costs the model: the target program against the fp32 target (`program_vs_fp32`) and its eager twin
+    against it (`twin_vs_fp32`: XNNPACK quantizes each token's activations with its own rounding, and a deep model
+    grows such differences as it grows the quantization's own error, so a program may be that far from its twin)."""
     target_p, draft_p = programs
     target_e, draft_e, settings = eager
     meta_t, largest = target_p.meta, max_block_len(*programs)
     worst = {k: Worst() for k in ("target_abs", "target_rel", "draft_abs", "draft_rel")}
+    to_fp32 = {"program_vs_fp32": [0.0, 0], "twin_vs_fp32": [0.0, 0]}  # [worst relative error, argmaxes agreed]
     agree = total = 0
     for ids, label in zip(prompts, labels):
         for tokens, start in call_plan(ids, meta_t.max_seq_len, largest, meta_t.max_context_len):
             x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
             with torch.no_grad():
                 ref_logits, ref_taps = target_e(x, pos)
+                full = fp32 and fp32[0](x, pos)
             logits, taps = target_p(x, pos)
             for name, (a, b) in {"logits": (logits, ref_logits), "taps": (taps, ref_taps)}.items():
                 err, rel = _rel(a, b)
@@ -109,6 +114,10 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
                 worst["target_rel"].update(rel, f"{label}, target {name} at {start}")
             agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum().item()
             total += len(tokens)
+            for key, (l, t) in ({"program_vs_fp32": (logits, taps), "twin_vs_fp32": (ref_logits, ref_taps)}.items()
+                                if full else ()):
+                to_fp32[key][0] = max(to_fp32[key][0], _rel(l, full[0])[1], _rel(t, full[1])[1])
+                to_fp32[key][1] += (l.argmax(-1) == full[0].argmax(-1)).sum().item()
             block = min(largest, meta_t.max_context_len - start - len(tokens))
             if block >= 2 and draft_p is not None:
                 draft_x = torch.tensor([[tokens[-1]] + [settings.mask_token_id] * (block - 1)])
@@ -119,24 +128,9 @@ def compare_numerics(programs, eager, prompts: list[list[int]], labels: list[str
                 err, rel = _rel(draft_p(draft_x, draft_taps, draft_pos), ref)
                 worst["draft_abs"].update(err, f"{label}, draft at {start}")
                 worst["draft_rel"].update(rel, f"{label}, draft at {start}")
-    return {"worst": worst, "token_agreement": agree / total}
-
-
-def quantization_error(programs, twin, fp32, prompts: list[list[int]]) -> dict:
-    """What a reduced-precision export does to the model itself: its eager twin (the same quantization in torchao's
-    reference) against the fp32 model, over the calls `compare_numerics` makes (the target's logits and taps).
-    XNNPACK quantizes each token's activations with its own rounding, and through a deep model such differences
-    grow as the quantization's own error does: a program may differ from its twin by that much, no more."""
-    meta, worst, agree, total = programs[0].meta, 0.0, 0, 0
-    for ids in prompts:
-        for tokens, start in call_plan(ids, meta.max_seq_len, max_block_len(*programs), meta.max_context_len):
-            x, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))
-            with torch.no_grad():
-                (logits, taps), (ref_logits, ref_taps) = twin[0](x, pos), fp32[0](x, pos)
-            worst = max(worst, _rel(logits, ref_logits)[1], _rel(taps, ref_taps)[1])
-            agree += (logits.argmax(-1) == ref_logits.argmax(-1)).sum().item()
-            total += len(tokens)
-    return {"target_rel_err": worst, "token_agreement": agree / total}
+    compared = {key: {"target_rel_err": rel, "token_agreement": agreed / total}
+                for key, (rel, agreed) in to_fp32.items()}
+    return {"worst": worst, "token_agreement": agree / total, **(compared if fp32 else {})}
 
 
 def check_lossless(programs, prompts: list[list[int]], labels: list[str], eos: set[int], max_new_tokens: int,
@@ -215,11 +209,12 @@ def _failures(numerics: dict, fp32: dict | None, quantized: dict | None, oracle:
               sampling: dict, limits: Limits, draft_limits: Limits) -> list[str]:
     """Every check that missed its limit, one line each (empty: validate passed). A quantized target's values may
     differ from its eager twin's as much as the quantization moves the twin's from the fp32 model's
-    (`quantization_error`); its argmaxes are held to the twin's as they are."""
+    (`compare_numerics`'s `twin_vs_fp32`); its argmaxes are held to the twin's as they are."""
     worst = numerics["worst"]
     target_limits = limits if quantized is None else replace(
         limits, max_rel_err=max(limits.max_rel_err, quantized["target_rel_err"]))
-    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {lim.max_rel_err:.3g} on {worst[f'{name}_rel'].where}"
+    failures = [f"{name}_rel_err {worst[f'{name}_rel'].value:.3g} > {lim.max_rel_err:.3g} on "
+                f"{worst[f'{name}_rel'].where}"
                 for name, lim in (("target", target_limits), ("draft", draft_limits))
                 if worst[f"{name}_rel"].value > lim.max_rel_err]
     if numerics["token_agreement"] < limits.min_token_agreement:
@@ -260,15 +255,14 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
     prompts = [encode_chat(tok, r["prompt"]) for r in rows]
     labels = [f"prompt {i} ({_text(r['prompt'])[:40]!r})" for i, r in enumerate(rows)]
 
-    numerics = compare_numerics(programs, eager, prompts, labels)
-    eos = set(programs[0].meta.eos_ids)
     exact = export_config.quantize == "none" and export_config.dtype == "fp32"
-    # What the reduced precision costs the model itself: the program against the fp32 models it came from (with the
-    # programs' draft head: export.draft_vocab)
+    # What the reduced precision costs the model itself: the program and its twin against the fp32 target
     full_precision = replace(export_config, dtype="fp32", quantize="none", draft_head="same")
-    fp32_models = None if exact else load_models(target_dir, draft_dir, full_precision, programs[0].meta.max_context_len)
-    fp32 = None if exact else compare_numerics(programs, fp32_models, prompts, labels)
-    quantized = None if exact else quantization_error(programs, eager, fp32_models, prompts)
+    fp32_models = None if exact else load_models(target_dir, draft_dir, full_precision,
+                                                 programs[0].meta.max_context_len)
+    numerics = compare_numerics(programs, eager, prompts, labels, fp32_models)
+    fp32, quantized = numerics.get("program_vs_fp32"), numerics.get("twin_vs_fp32")
+    eos = set(programs[0].meta.eos_ids)
     limits = config.fp32 if exact else config.reduced
     oracle = against_transformers(programs, target_dir, list(programs[0].meta.target_layer_ids), prompts, labels, eos,
                                   config.max_new_tokens) if exact else \
@@ -287,8 +281,7 @@ def validate(programs_dir: Path, target_dir: Path, draft_dir: Path, config: Vali
         "token_agreement": numerics["token_agreement"], "lossless": why is None,
         "lossless_fraction": lossless_fraction,
         "tau_by_block": {str(b): sum(v) / len(v) for b, v in taus.items()},
-        "fp32_reference": {"token_agreement": fp32["token_agreement"], "target_rel_err": fp32["worst"]["target_rel"].value}
-        if fp32 else {"skipped": "fp32 program: the eager twin is the fp32 model"},
+        "fp32_reference": fp32 or {"skipped": "fp32 program: the eager twin is the fp32 model"},
         "quantized_model": quantized or {"skipped": "fp32 program: nothing quantized"},
         "divergence": why, "sampling": sampling, "transformers": oracle, "prompts": len(prompts),
         "limits": asdict(limits),

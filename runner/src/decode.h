@@ -23,6 +23,9 @@ struct Limits {
   int64_t max_context_len, chunk, mask_token_id, max_block, vocab_size;
   std::set<int64_t> eos_ids;
   int64_t context_window = 0;  // a draft whose every layer is windowed reads no tap older than this (0: none)
+  // The most tokens a reply to a prompt of this length can have: the last is never written to the cache, so the
+  // decode loops end at max_context_len - prompt + 1 (what a request without max_new_tokens gets).
+  int64_t reply_room(int64_t prompt_tokens) const { return max_context_len - prompt_tokens + 1; }
   int64_t selector_top_k = 0;  // a DFlash2 draft's candidates per position: it returns a lattice (0: logits)
   std::vector<int64_t> vocab_ids;  // a reduced draft head: its logits are these tokens' (empty: the vocabulary's)
 };

@@ -114,7 +114,7 @@ void run_ids_worker(Pair& pair, const std::string& mode, int64_t block) {
       throw RequestError("stop strings need text; this worker reads ids (--ids)", "invalid_request");
     }
     const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
-    const int64_t max_new = asked == -1 ? pair.limits().max_context_len - static_cast<int64_t>(ids.size()) : asked;
+    const int64_t max_new = asked == -1 ? pair.limits().reply_room(static_cast<int64_t>(ids.size())) : asked;
     Decoding d = decoding(request, mode, block, /*seed_as_given=*/true);
     Sampler sampler(d.sampling);
     const OnTokens stream = [](const std::vector<int64_t>& tokens) {

@@ -126,7 +126,8 @@ class Worker {
                          std::to_string(context) + ")", "context_length_exceeded");
     }
     const int64_t asked = field<int64_t>(request, "max_new_tokens", -1);
-    const int64_t max_new = std::min(asked > 0 ? asked : context, context - prompt_tokens);
+    const int64_t room = pair_.limits().reply_room(prompt_tokens);
+    const int64_t max_new = asked > 0 ? std::min(asked, room) : room;
     Decoding d = decoding(request, mode_, block_, /*seed_as_given=*/false);
     const auto stops = field<std::vector<std::string>>(request, "stop", {});
 

@@ -56,15 +56,29 @@ class AttentionSpec:
         return self.scale if self.scale is not None else self.head_dim ** -0.5
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` [1, T, heads, D] by per-position cos/sin [T, R] (HF's rotate_half convention); with
+# One RoPE table's rows for a call's positions: cos and sin [S, 1, R] (broadcast over heads) and rotate-half [R, R]
+RopeRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def rotate_half(rotary: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """HF's rotate_half, `cat(-x2, x1)`, as the signed permutation `F.linear` multiplies by: exact (one +-1 term a
+    row) and, unlike the split and cat, one XNNPACK op for any number of tokens, so a layer's projections, norms and
+    RoPE are one delegate call (docs/measurements.md#programs-and-layouts). `device`: the tables' (real even where the
+    model is built on the meta device)."""
+    half = torch.arange(rotary // 2, device=device)
+    rows = torch.zeros(rotary, rotary, dtype=dtype, device=device)
+    rows[half, half + rotary // 2] = -1
+    rows[half + rotary // 2, half] = 1
+    return rows
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotate: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` [1, T, heads, D] by per-position cos/sin [T, 1, R] (HF's rotate_half convention); with
     partial rotary (R < D, Qwen3.5) only the first R channels turn."""
     rotary = cos.shape[-1]
     if rotary < x.shape[-1]:
-        return torch.cat([apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]], dim=-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return torch.cat([apply_rope(x[..., :rotary], cos, sin, rotate), x[..., rotary:]], dim=-1)
+    return x * cos + F.linear(x, rotate) * sin
 
 
 def allowed(spec: AttentionSpec, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -245,24 +259,28 @@ class Attention(nn.Module):
             self.v_norm = RMSNorm(spec.head_dim, eps, weight=False)
         self.cache = cache
 
-    def forward(self, x: torch.Tensor, kv_in: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    def forward(self, x: torch.Tensor, kv_in: torch.Tensor, rope: dict[str, RopeRows],
                 start: int, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`rope` holds cos/sin [S, D] of the key rows' positions for each of the model's tables."""
+        """`rope` holds each of the model's tables' rows at the key rows' positions (RopeRows)."""
         spec, t, s = self.spec, x.shape[1], kv_in.shape[1]
-        cos, sin = rope[spec.rope]
+        cos, sin, rotate = rope[spec.rope]
+        # views with one inferred dim: XNNPACK delegates those, not views by a symbolic size
         q = self.q_proj(x)
         if spec.output_gate:  # per head: the query's D channels, then its gate's D
-            q, gate = q.view(1, t, spec.num_heads, 2 * spec.head_dim).chunk(2, dim=-1)
-        q = q.view(1, t, spec.num_heads, spec.head_dim)
-        k = self.k_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
-        v = k if spec.k_eq_v else self.v_proj(kv_in).view(1, s, spec.num_kv_heads, spec.head_dim)
+            q, gate = q.view(1, -1, spec.num_heads, 2 * spec.head_dim).chunk(2, dim=-1)
+        q = q.view(1, -1, spec.num_heads, spec.head_dim)
+        k = self.k_proj(kv_in).view(1, -1, spec.num_kv_heads, spec.head_dim)
+        v = k if spec.k_eq_v else self.v_proj(kv_in).view(1, -1, spec.num_kv_heads, spec.head_dim)
         if spec.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if spec.v_norm:
             v = self.v_norm(v)
-        q = apply_rope(q, cos[s - t:s], sin[s - t:s])  # explicit ends: the MLX partitioner rejects open slices
-        k = apply_rope(k, cos, sin)
+        # a draft's queries are the last t key rows (explicit ends: the MLX partitioner rejects open slices); a
+        # target's are all of them, with no slice to leave outside the delegate
+        q_cos, q_sin = (cos, sin) if t == s else (cos[s - t:s], sin[s - t:s])
+        q = apply_rope(q, q_cos, q_sin, rotate)
+        k = apply_rope(k, cos, sin, rotate)
         y = self.cache(q, k, v, start, positions, mask)
         if spec.output_gate:
             y = y * torch.sigmoid(gate)
-        return self.o_proj(y.reshape(1, t, spec.num_heads * spec.head_dim))
+        return self.o_proj(y.reshape(1, -1, spec.num_heads * spec.head_dim))

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash_et.models.attention import CACHE_OF_OPS, Attention, AttentionSpec, ring_rows
+from dflash_et.models.attention import CACHE_OF_OPS, Attention, AttentionSpec, RopeRows, ring_rows, rotate_half
 from dflash_et.models.deltanet import DeltaNetSpec, GatedDeltaNet
 from dflash_et.models.layers import MLP, RMSNorm
 
@@ -41,21 +41,28 @@ class ModelArgs:
 
 
 class Rope(nn.Module):
-    """The model's cos/sin tables [max_seq_len, D], one per name that layers' specs refer to."""
+    """The model's cos/sin tables [max_seq_len, 1, R], one per name that layers' specs refer to, each with its
+    rotate-half as a signed permutation [R, R] (models.attention.apply_rope)."""
 
     def __init__(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         super().__init__()
         self.names = sorted(tables)
         for name in self.names:
-            self.register_buffer(f"cos_{name}", tables[name][0], persistent=False)
-            self.register_buffer(f"sin_{name}", tables[name][1], persistent=False)
+            cos, sin = tables[name]
+            self.register_buffer(f"cos_{name}", cos[:, None, :], persistent=False)
+            self.register_buffer(f"sin_{name}", sin[:, None, :], persistent=False)
+            self.register_buffer(f"rotate_{name}", rotate_half(cos.shape[-1], cos.dtype, cos.device), persistent=False)
 
     @property
     def max_seq_len(self) -> int:
         return getattr(self, f"cos_{self.names[0]}").shape[0]
 
-    def forward(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {n: (getattr(self, f"cos_{n}")[positions], getattr(self, f"sin_{n}")[positions]) for n in self.names}
+    def rotation(self, name: str) -> torch.Tensor:
+        return getattr(self, f"rotate_{name}")
+
+    def forward(self, positions: torch.Tensor) -> dict[str, RopeRows]:
+        return {n: (getattr(self, f"cos_{n}")[positions], getattr(self, f"sin_{n}")[positions], self.rotation(n))
+                for n in self.names}
 
 
 def scale_embedding(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -90,11 +97,11 @@ class Block(nn.Module):
     Subclasses say what mixes (`AttentionBlock`, `DeltaNetBlock`) and `SandwichBlock` is Gemma 4's layer; `block`
     picks one per layer."""
 
-    def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+    def forward(self, x: torch.Tensor, rope: dict[str, RopeRows], start: int,
                 positions: torch.Tensor) -> torch.Tensor:
         return self.join(x, self.mix(self.input_layernorm(x), rope, start, positions))
 
-    def mix(self, h: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+    def mix(self, h: torch.Tensor, rope: dict[str, RopeRows], start: int,
             positions: torch.Tensor) -> torch.Tensor:
         """The token mixer's output for the normed input `h`."""
         raise NotImplementedError
@@ -115,7 +122,7 @@ class AttentionBlock(Block):
         self.self_attn = attention(a, spec, max_seq_len, ops, max_call, ring)
         add_mlp(self, a)
 
-    def mix(self, h: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+    def mix(self, h: torch.Tensor, rope: dict[str, RopeRows], start: int,
             positions: torch.Tensor) -> torch.Tensor:
         return self.self_attn(h, h, rope, start, positions)
 
@@ -148,7 +155,7 @@ class DeltaNetBlock(Block):
                                          verify_call or max_call or max_seq_len, ops)
         add_mlp(self, a)
 
-    def mix(self, h: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+    def mix(self, h: torch.Tensor, rope: dict[str, RopeRows], start: int,
             positions: torch.Tensor) -> torch.Tensor:
         return self.linear_attn(h, positions)
 

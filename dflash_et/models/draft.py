@@ -22,7 +22,7 @@ its proposal positions' candidate lattice (candidates, unary, pair) instead of t
 import torch
 from torch import nn
 
-from dflash_et.models.attention import AttentionSpec, Segmented
+from dflash_et.models.attention import AttentionSpec, RopeRows, Segmented
 from dflash_et.models.block import ModelArgs, Rope, add_mlp, attention, scale_embedding, softcap, start_position
 from dflash_et.models.dflash2 import CandidateSelector, GroupedCausalConv, Unconvolved
 from dflash_et.models.layers import RMSNorm
@@ -41,19 +41,19 @@ class DraftBlock(nn.Module):
         self.self_attn = attention(a, spec, max_seq_len, ops, max_call, ring)
         add_mlp(self, a)
 
-    def forward(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+    def forward(self, x: torch.Tensor, rope: dict[str, RopeRows], start: int,
                 positions: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """Decoding: the rows of `x` are one block, after the context; both are cached."""
         return self._layer(x, rope, start, positions, ctx, None, None)
 
-    def packed(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
+    def packed(self, x: torch.Tensor, rope: dict[str, RopeRows], positions: torch.Tensor,
                ctx: torch.Tensor, mask: torch.Tensor, segments: tuple | None = None) -> torch.Tensor:
         """Training: the rows of `x` are many blocks, `mask` [rows, context + rows] what each row sees, `segments`
         (models.attention.Segmented) where each sequence's rows are, if given; nothing is cached."""
         seen = mask if segments is None else Segmented(mask, segments)
         return self._layer(x, rope, 0, positions, ctx, seen, mask[:, ctx.shape[1]:])
 
-    def _layer(self, x: torch.Tensor, rope: dict[str, tuple[torch.Tensor, torch.Tensor]], start: int,
+    def _layer(self, x: torch.Tensor, rope: dict[str, RopeRows], start: int,
                positions: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor | Segmented | None,
                rows_see: torch.Tensor | None) -> torch.Tensor:
         h, kernel = self.attention_conv.prepare(self.input_layernorm(x), rows_see)
@@ -126,7 +126,7 @@ class Draft(nn.Module):
         return x, self.head(x)
 
     def inputs(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
-               ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+               ) -> tuple[dict[str, RopeRows], torch.Tensor, torch.Tensor]:
         """What the layers take: the RoPE tables at `positions` (the context's, then the blocks'), the context rows
         made from the taps, and the blocks' embedded tokens."""
         rope = self.rope(positions)  # in this order: the order of the exported program's ops

@@ -28,8 +28,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim) if offset == 0 else torch.zeros(dim)) if weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # over a 4-D view [rows, 1, C, 1] with one inferred dim (a copy where x is strided: DeltaNet's heads): XNNPACK's
+        # mean averages the last two dims of 4-D tensors, and delegates views by one inferred dim, not a symbolic size
+        h = x.float().reshape(-1, 1, x.shape[-1], 1)
+        h = (h * torch.rsqrt(h.pow(2).mean((2, 3), keepdim=True) + self.eps)).view(*x.shape[:1], -1, *x.shape[2:])
         if self.offset:
             return (h * (self.offset + self.weight.float())).to(x.dtype)
         return h.to(x.dtype) if self.weight is None else self.weight * h.to(x.dtype)

@@ -116,13 +116,21 @@ def step_macs(config: TrainConfig, draft: Draft) -> float:
     convolution's base kernel, whose 2 x K x H entries are its two convolutions' K products per channel: the
     input-dependent kernel is added to the base, not multiplied), except the selector's codebooks, rows looked
     up, not multiplied (2 x vocab x rank entries, more than the rest of the draft for a real vocabulary). The
-    selector instead multiplies rank x (top-k + 1) per row (`selector_macs`). Attention's scores and values grow
-    with the context, not the rows, and stay out of the count, for both variants."""
+    selector instead multiplies rank x (top-k + 1) per row (`selector_macs`), and RoPE's rotate-half, a product
+    with a fixed permutation, is forward and input gradient (2 x, `rotation_macs`). Attention's scores and values
+    grow with the context, not the rows, and stay out of the count, for both variants."""
     rows = config.batch * config.anchors * config.block_size
     head = draft.lm_head.weight.numel()
     own = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     looked_up = sum(m.weight.numel() for m in draft.modules() if isinstance(m, nn.Embedding) and m.weight.requires_grad)
-    return rows * (2 * head + 3 * (own - looked_up + selector_macs(draft)))
+    return rows * (2 * head + 3 * (own - looked_up + selector_macs(draft)) + 2 * rotation_macs(draft))
+
+
+def rotation_macs(draft: Draft) -> int:
+    """RoPE's rotate-half per row (models.attention.rotate_half, an R x R matrix): each layer's query and key heads.
+    Keys of the context rows are charged per block row, as the taps' projection is."""
+    return sum((spec.num_heads + spec.num_kv_heads) * draft.rope.rotation(spec.rope).numel()
+               for spec in draft.args.layers)
 
 
 def selector_macs(draft: Draft) -> int:

@@ -164,8 +164,9 @@ def test_the_compute_budget_caps_the_steps(setup):
     _, draft, _, _ = setup
     config = TrainConfig(steps=50, batch=2, anchors=4, block_size=BLOCK)
     cost = step_macs(config, draft)
+    rotations = sum((spec.num_heads + spec.num_kv_heads) * spec.head_dim ** 2 for spec in draft.args.layers)  # RoPE's
     assert cost == 2 * 4 * BLOCK * (2 * draft.lm_head.weight.numel() + 3 * sum(
-        p.numel() for p in draft.parameters() if p.requires_grad))
+        p.numel() for p in draft.parameters() if p.requires_grad) + 2 * rotations)
     assert planned_steps(config, draft) == 50
     assert planned_steps(TrainConfig(**{**config.__dict__, "compute_budget": 10.5 * cost}), draft) == 10
     assert planned_steps(TrainConfig(**{**config.__dict__, "compute_budget": 1.0}), draft) == 1
